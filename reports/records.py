@@ -1,0 +1,140 @@
+"""The machine-readable result of a run: one `Record` per (case, check).
+
+This module is the single source of truth for the result schema. The harness
+produces records, every report (CSV, HTML, Markdown) consumes them.
+
+Statuses:
+  pass         the check ran and the error is within tolerance (ratio <= 1)
+  fail         the check ran and the error is beyond tolerance (ratio > 1),
+               or a relation that must hold did not
+  error        the target raised while running a case it claimed to support
+  unsupported  the target declared it cannot run this case (never a pass)
+  skipped      the harness could not run it here (e.g. no GPU), with the reason
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterable
+
+STATUSES = ("fail", "error", "pass", "unsupported", "skipped")
+"""All statuses, worst first."""
+
+FAILING = frozenset({"fail", "error"})
+
+
+@dataclass(frozen=True)
+class Record:
+    """One check of one case against one target."""
+
+    case_id: str
+    check: str
+    target: str
+    backend: str
+    world_size: int
+    layout: str
+    optimizer: str
+    layer: str
+    shape: str
+    megabatch: int
+    flatten: bool
+    param_dtype: str
+    compute_dtype: str
+    orthogonalizer: str
+    status: str
+    max_abs: float = math.nan
+    rel_err: float = math.nan
+    max_ulp: float = math.nan
+    tolerance: float = math.nan
+    tolerance_source: str = ""
+    ratio: float = math.nan
+    message: str = ""
+    repro: str = ""
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+
+    @property
+    def key(self) -> tuple[str, str, str, str, int]:
+        """Identity of a row across runs: (case, check, target, backend, world size)."""
+        return (self.case_id, self.check, self.target, self.backend, self.world_size)
+
+    @property
+    def failing(self) -> bool:
+        return self.status in FAILING
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Record))
+_TYPES = {f.name: f.type for f in fields(Record)}
+
+
+def _parse(name: str, text: str) -> object:
+    kind = _TYPES[name]
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text) if text != "" else math.nan
+    if kind == "bool":
+        if text not in ("True", "False"):
+            raise ValueError(f"column {name}: expected True/False, got {text!r}")
+        return text == "True"
+    return text
+
+
+def write_csv(records: Iterable[Record], path: Path) -> None:
+    """Write records to `path`, one row per record, header = `COLUMNS`."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(COLUMNS)
+        for record in records:
+            row = dataclasses.astuple(record)
+            writer.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in row])
+
+
+def read_csv(path: Path) -> list[Record]:
+    """Read records written by `write_csv`; raises ValueError on a foreign header."""
+    with open(path, newline="") as handle:
+        reader = csv.reader(handle)
+        header = tuple(next(reader))
+        if header != COLUMNS:
+            raise ValueError(f"{path}: not a results file (header {header[:4]}...)")
+        return [Record(**{n: _parse(n, v) for n, v in zip(COLUMNS, row)}) for row in reader]
+
+
+def worst_first(records: Iterable[Record]) -> list[Record]:
+    """Sort by status severity, then by error/tolerance ratio descending (NaN last)."""
+    order = {s: i for i, s in enumerate(STATUSES)}
+
+    def key(r: Record) -> tuple[int, float]:
+        ratio = -r.ratio if not math.isnan(r.ratio) else math.inf
+        return (order[r.status], ratio)
+
+    return sorted(records, key=key)
+
+
+def status_counts(records: Iterable[Record]) -> dict[str, int]:
+    """Count records per status, every status present (zeros included)."""
+    counts = {s: 0 for s in STATUSES}
+    for r in records:
+        counts[r.status] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Context of one run, shown at the top of every report."""
+
+    target: str
+    tier: str
+    backends: str
+    command: str
+    started: str
+    seconds: float
+    torch_version: str
+    commit: str = ""
