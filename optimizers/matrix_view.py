@@ -1,0 +1,42 @@
+"""How a stack of same-shape parameters [N, *shape] is seen as matrices, and the
+learning-rate scale that goes with that view.
+
+flatten=True:  [N, out, *rest] -> [N, out, prod(rest)]  (stack axis kept: never [N, numel])
+flatten=False: [N, *lead, m, n] -> [N * prod(lead), m, n] (a batch of trailing matrices)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ADJUST_LR = ("spectral_norm", "rms_norm", None)
+
+
+def as_matrices(stack: torch.Tensor, flatten: bool) -> torch.Tensor:
+    """View `stack` [N, *shape] as the matrices [B, m, n] to orthogonalize."""
+    if stack.ndim < 3:
+        raise ValueError(f"expected a stack of parameters of 2+ dims, got shape {tuple(stack.shape)}")
+    if flatten:
+        return stack.reshape(stack.shape[0], stack.shape[1], -1)
+    return stack.reshape(-1, stack.shape[-2], stack.shape[-1])
+
+
+def matrix_dims(shape: tuple[int, ...], flatten: bool) -> tuple[int, int]:
+    """(fan_out, fan_in) of one parameter of `shape` under the view above."""
+    if flatten:
+        return shape[0], math.prod(shape[1:])
+    return shape[-2], shape[-1]
+
+
+def lr_scale(shape: tuple[int, ...], flatten: bool, adjust_lr: str | None) -> float:
+    """spectral_norm: sqrt(fan_out/fan_in); rms_norm: 0.2 sqrt(max(fan_out, fan_in)); None: 1."""
+    fan_out, fan_in = matrix_dims(shape, flatten)
+    if adjust_lr == "spectral_norm":
+        return math.sqrt(fan_out / fan_in)
+    if adjust_lr == "rms_norm":
+        return 0.2 * math.sqrt(max(fan_out, fan_in))
+    if adjust_lr is None:
+        return 1.0
+    raise ValueError(f"unknown adjust_lr {adjust_lr!r}; expected one of {ADJUST_LR}")

@@ -1,0 +1,120 @@
+"""Muon with megabatched orthogonalization, and an AdamW fallback for other parameters.
+
+Per parameter, with momentum mu, learning rate lr and weight decay wd:
+
+  M <- mu M + G
+  U = mu M + G   (Nesterov)   else   U = M
+  O = orth(U)    per matrix of the parameter's matrix view (see matrix_view)
+  X <- X (1 - lr wd)
+  X <- X - lr scale O           scale from `adjust_lr` and the matrix view
+
+Parameters of one group with the same shape, dtype and device are stacked and
+orthogonalized in one batched call (a megabatch). The stack axis is never merged
+with the matrix axes, so each parameter gets exactly the update it gets alone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+import torch
+
+from optimizers import adamw
+from optimizers.coefficients import DEFAULT_STEPS
+from optimizers.matrix_view import as_matrices, lr_scale
+from optimizers.orthogonalize import orthogonalize
+from optimizers.validation import check_grad, check_group
+
+
+def default_compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on CUDA (tensor cores), fp32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for matrix and convolution weights; group `algorithm="adamw"` for the rest.
+
+    Args:
+      params: parameters or parameter groups; a group may override any option below.
+      lr, momentum, nesterov, weight_decay: as in the update above.
+      adjust_lr: "spectral_norm" sqrt(fan_out/fan_in), "rms_norm" 0.2 sqrt(max(fan_out, fan_in)), or None.
+      flatten: orthogonalize [out, *rest] as [out, prod(rest)] (fan_out=out, fan_in=prod(rest));
+        otherwise a 3-D+ tensor is a batch of its trailing 2-D matrices (fans from the last two dims).
+      orthogonalizer: "polar_express", "newton_schulz" or "svd".
+      ns_steps: polynomial steps (default 5).
+      compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere).
+      eps: added to the Frobenius norm in the normaliser.
+      mesh: reserved for distributed layouts; only None is accepted in this version.
+      betas, adamw_eps: hyper-parameters of "adamw" groups.
+
+    Raises ValueError/TypeError before touching anything on bad options or parameters.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
+                 nesterov: bool = False, weight_decay: float = 0.0, adjust_lr: str | None = "spectral_norm",
+                 flatten: bool = False, orthogonalizer: str = "polar_express", ns_steps: int | None = None,
+                 compute_dtype: torch.dtype | None = None, eps: float = 1e-7, mesh: Any = None,
+                 betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8) -> None:
+        if mesh is not None:
+            raise NotImplementedError("Muon(mesh=...): distributed layouts are not supported in this version")
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                        adjust_lr=adjust_lr, flatten=flatten, orthogonalizer=orthogonalizer,
+                        ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm="muon",
+                        betas=betas, adamw_eps=adamw_eps)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Validate the group (defaults filled in) before it joins the optimizer."""
+        merged = {**self.defaults, **param_group}
+        params = merged["params"]
+        merged["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
+        check_group(len(self.param_groups), merged)
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One step for every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            check_group(index, group)
+            for p in group["params"]:
+                if p.grad is not None:
+                    check_grad(f"param group {index}", p)
+        for group in self.param_groups:
+            if group["algorithm"] == "adamw":
+                adamw.step_group(group, self.state)
+            else:
+                self._muon_group(group)
+        return loss
+
+    def _muon_group(self, group: dict[str, Any]) -> None:
+        buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        mu = group["momentum"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.mul_(mu).add_(p.grad)
+            u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
+            buckets[(tuple(p.shape), p.dtype, p.device)].append((p, u))
+        for (shape, _, device), entries in buckets.items():
+            updates = self._orthogonalized(torch.stack([u for _, u in entries]), group, device)
+            scale = lr_scale(shape, group["flatten"], group["adjust_lr"])
+            for (p, _), update in zip(entries, updates.unbind(0)):
+                p.mul_(1.0 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * scale)
+
+    @staticmethod
+    def _orthogonalized(stack: torch.Tensor, group: dict[str, Any], device: torch.device) -> torch.Tensor:
+        compute = group["compute_dtype"] or default_compute_dtype(device)
+        steps = group["ns_steps"] or DEFAULT_STEPS
+        mats = as_matrices(stack, group["flatten"])
+        out = orthogonalize(mats, group["orthogonalizer"], steps, group["eps"], compute)
+        return out.reshape(stack.shape)

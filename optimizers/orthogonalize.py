@@ -1,0 +1,50 @@
+"""Batched orthogonalization of a stack of matrices [B, m, n] in torch.
+
+Polynomial methods run X <- aX + (bA + cA^2) X with A = X X^T on the wide
+orientation (tall inputs are transposed, which leaves the odd polynomial's result
+unchanged and costs fewer flops). "svd" returns the polar factor U V^T over the
+singular values above max(m, n) * eps * s_max.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from optimizers.coefficients import normaliser_scale, schedule
+
+ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
+
+
+def polynomial(x: torch.Tensor, name: str, steps: int, eps: float) -> torch.Tensor:
+    """Run orthogonalizer `name` for `steps` on every matrix of x [B, m, n], in x's dtype."""
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    norm = torch.linalg.matrix_norm(x, ord="fro", keepdim=True)
+    x = x / (norm * normaliser_scale(name) + eps)
+    for a, b, c in schedule(name, steps):
+        gram = x @ x.mT
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    return x.mT if tall else x
+
+
+def polar_via_svd(x: torch.Tensor) -> torch.Tensor:
+    """U V^T of every matrix of x [B, m, n] over its numerically nonzero singular values."""
+    u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    cutoff = max(x.shape[-2:]) * torch.finfo(x.dtype).eps * s[..., :1]
+    keep = (s > cutoff).to(x.dtype)
+    return (u * keep.unsqueeze(-2)) @ vh
+
+
+def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float,
+                  compute_dtype: torch.dtype) -> torch.Tensor:
+    """orth(x) for a stack x [B, m, n], computed in `compute_dtype`, returned in x's dtype."""
+    if name not in ORTHOGONALIZERS:
+        raise ValueError(f"unknown orthogonalizer {name!r}; expected one of {ORTHOGONALIZERS}")
+    if x.ndim != 3:
+        raise ValueError(f"expected a stack of matrices [B, m, n], got shape {tuple(x.shape)}")
+    if name == "svd":
+        svd_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
+        return polar_via_svd(x.to(svd_dtype)).to(x.dtype)
+    return polynomial(x.to(compute_dtype), name, steps, eps).to(x.dtype)

@@ -1,0 +1,89 @@
+"""Checks that run before an optimizer changes any parameter or state.
+
+Each raises ValueError (bad value) or TypeError (bad kind) with a message that
+names the group, the option and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+
+from optimizers.matrix_view import ADJUST_LR
+from optimizers.orthogonalize import ORTHOGONALIZERS
+
+ALGORITHMS = ("muon", "adamw")
+PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+COMPUTE_DTYPES = (None, torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def _finite(where: str, name: str, value: Any, low: float = -math.inf, high: float = math.inf,
+            high_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}: {name} must be a real number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: {name} must be finite, got {value!r}")
+    if value < low or value > high or (high_open and value == high):
+        bound = f"[{low}, {high})" if high_open else f"[{low}, {high}]"
+        raise ValueError(f"{where}: {name}={value!r} is outside {bound}")
+
+
+def check_params(where: str, params: Iterable[torch.Tensor], min_ndim: int) -> None:
+    """Every parameter is a real floating tensor of a supported dtype and >= min_ndim dims."""
+    for i, p in enumerate(params):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{where}: parameter {i} is a {type(p).__name__}, not a tensor")
+        if p.is_complex() or not p.is_floating_point() or p.dtype not in PARAM_DTYPES:
+            raise TypeError(f"{where}: parameter {i} has dtype {p.dtype}; supported: "
+                            f"{[str(d) for d in PARAM_DTYPES]}")
+        if p.ndim < min_ndim:
+            raise ValueError(f"{where}: parameter {i} has shape {tuple(p.shape)}; a 'muon' group needs "
+                             f"2+ dims (put 1-D, scalar and embedding parameters in an 'adamw' group)")
+
+
+def check_group(index: int, group: dict[str, Any]) -> None:
+    """Validate one parameter group with its defaults filled in."""
+    where = f"param group {index}"
+    algorithm = group.get("algorithm")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{where}: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+    _finite(where, "lr", group["lr"], 0.0)
+    _finite(where, "weight_decay", group["weight_decay"], 0.0)
+    if algorithm == "adamw":
+        check_params(where, group["params"], 0)
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"{where}: betas must be a pair, got {betas!r}")
+        for j, beta in enumerate(betas):
+            _finite(where, f"betas[{j}]", beta, 0.0, 1.0, high_open=True)
+        _finite(where, "adamw_eps", group["adamw_eps"], 0.0)
+        return
+    check_params(where, group["params"], 2)
+    _finite(where, "momentum", group["momentum"], 0.0, 1.0, high_open=True)
+    _finite(where, "eps", group["eps"], 0.0)
+    if group["adjust_lr"] not in ADJUST_LR:
+        raise ValueError(f"{where}: unknown adjust_lr {group['adjust_lr']!r}; expected one of {ADJUST_LR}")
+    if group["orthogonalizer"] not in ORTHOGONALIZERS:
+        raise ValueError(f"{where}: unknown orthogonalizer {group['orthogonalizer']!r}; "
+                         f"expected one of {ORTHOGONALIZERS}")
+    steps = group["ns_steps"]
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"{where}: ns_steps must be a positive integer or None, got {steps!r}")
+    if group["compute_dtype"] not in COMPUTE_DTYPES:
+        raise ValueError(f"{where}: compute_dtype {group['compute_dtype']!r} is not one of {COMPUTE_DTYPES}")
+    for flag in ("nesterov", "flatten"):
+        if not isinstance(group[flag], bool):
+            raise TypeError(f"{where}: {flag} must be a bool, got {group[flag]!r}")
+
+
+def check_grad(where: str, p: torch.Tensor) -> None:
+    """A gradient Muon can use: dense, real, same shape as its parameter."""
+    g = p.grad
+    if g.is_sparse:
+        raise TypeError(f"{where}: sparse gradients are not supported")
+    if g.is_complex():
+        raise TypeError(f"{where}: complex gradients are not supported")
+    if g.shape != p.shape:
+        raise ValueError(f"{where}: gradient shape {tuple(g.shape)} != parameter shape {tuple(p.shape)}")

@@ -1,0 +1,43 @@
+"""The oracles' own copy of every published orthogonalizer coefficient table.
+
+Kept apart from `optimizers/` on purpose: tests assert the two copies agree, so a
+typo in either one shows. Each polynomial step is p(x) = a x + b x^3 + c x^5.
+"""
+
+from __future__ import annotations
+
+Coefficients = tuple[float, float, float]
+
+KELLER_JORDAN_QUINTIC: Coefficients = (3.4445, -4.7750, 2.0315)
+"""Keller Jordan's quintic, used for every step ("Muon: An optimizer for hidden
+layers in neural networks", 2024). It does not converge to the polar factor."""
+
+POLAR_EXPRESS_RAW: tuple[Coefficients, ...] = (
+    (8.28721201814563, -23.595886519098837, 17.300387312530933),
+    (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
+    (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
+    (3.3184196573706015, -2.488488024314874, 0.51004894012372),
+    (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
+    (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
+    (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
+    (1.875, -1.25, 0.375),
+)
+"""Polar Express degree-5 schedule, Amsel, Persson, Musco, Gower (2025),
+arXiv:2505.16932, Algorithm 1. Steps beyond the table repeat the last entry."""
+
+POLAR_EXPRESS_SAFETY = 1.01
+"""Algorithm 1's safety factor: every polynomial but the last is evaluated at
+x / 1.01, i.e. (a/s, b/s^3, c/s^5), and the normaliser is ||G||_F * 1.01 + eps."""
+
+
+def polar_express_schedule(steps: int) -> list[Coefficients]:
+    """The first `steps` Polar Express polynomials with the safety factor applied."""
+    s = POLAR_EXPRESS_SAFETY
+    table = [(a / s, b / s**3, c / s**5) for a, b, c in POLAR_EXPRESS_RAW[:-1]]
+    table.append(POLAR_EXPRESS_RAW[-1])
+    return [table[min(i, len(table) - 1)] for i in range(steps)]
+
+
+def newton_schulz_schedule(steps: int) -> list[Coefficients]:
+    """Keller Jordan's quintic repeated `steps` times."""
+    return [KELLER_JORDAN_QUINTIC] * steps

@@ -1,0 +1,57 @@
+"""Floating-point formats in NumPy alone: rounding to a narrower format, and ULPs.
+
+bfloat16 has no NumPy dtype; it is float32 with the low 16 mantissa bits dropped.
+Rounding is round-to-nearest-even on the float32 bit pattern, the rule torch and
+the hardware use. fp64 -> bf16 goes through fp32 (two roundings), as torch does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FORMATS = ("fp64", "fp32", "bf16", "fp16")
+
+_MANTISSA_BITS = {"fp64": 52, "fp32": 23, "bf16": 7, "fp16": 10}
+
+
+def _check(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown floating format {fmt!r}; expected one of {FORMATS}")
+
+
+def round_to(x: np.ndarray, fmt: str) -> np.ndarray:
+    """Values of `x` rounded to format `fmt`, returned as float64."""
+    _check(fmt)
+    x = np.asarray(x, dtype=np.float64)
+    if fmt == "fp64":
+        return x.copy()
+    if fmt == "fp16":
+        return x.astype(np.float16).astype(np.float64)
+    single = x.astype(np.float32)
+    if fmt == "fp32":
+        return single.astype(np.float64)
+    bits = single.view(np.uint32).astype(np.uint64)
+    finite = np.isfinite(single)
+    lsb = (bits >> 16) & 1
+    rounded = ((bits + 0x7FFF + lsb) >> 16) << 16
+    out = np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+    return out.astype(np.float64)
+
+
+def machine_epsilon(fmt: str) -> float:
+    """Distance from 1.0 to the next representable value in `fmt`."""
+    _check(fmt)
+    return 2.0 ** -_MANTISSA_BITS[fmt]
+
+
+def ulp(x: np.ndarray, fmt: str) -> np.ndarray:
+    """Spacing of format `fmt` at each |x| (normal range), as float64.
+
+    ulp(x) = 2^(floor(log2|x|) - mantissa_bits); at zero the smallest normal's ulp.
+    """
+    _check(fmt)
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    tiny = {"fp64": np.finfo(np.float64).tiny, "fp32": np.finfo(np.float32).tiny,
+            "bf16": np.finfo(np.float32).tiny, "fp16": np.finfo(np.float16).tiny}[fmt]
+    _, exponent = np.frexp(np.maximum(x, tiny))
+    return np.ldexp(1.0, exponent - 1 - _MANTISSA_BITS[fmt])
