@@ -1,0 +1,59 @@
+"""The axes a case varies along, with their allowed values: one table each.
+
+Layers are named shapes: the kind (what module the weight belongs to) and the
+weight shape. Odd shapes (tall, 1 x n, kernel 1) are layers of their own.
+"""
+
+from __future__ import annotations
+
+LAYERS: dict[str, tuple[str, tuple[int, ...]]] = {
+    # name: (kind, weight shape)
+    "linear": ("linear", (12, 20)),
+    "linear_tall": ("linear", (24, 6)),
+    "linear_row": ("linear", (1, 16)),
+    "conv1d": ("conv1d", (8, 4, 5)),
+    "conv2d": ("conv2d", (8, 4, 3, 3)),
+    "conv2d_k1": ("conv2d", (8, 4, 1, 1)),
+    "conv2d_tall": ("conv2d", (40, 2, 2, 2)),
+    "conv3d": ("conv3d", (6, 3, 2, 3, 3)),
+}
+"""CI-sized layers. Nightly adds the larger ones below."""
+
+NIGHTLY_LAYERS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "linear_wide_big": ("linear", (64, 256)),
+    "linear_tall_big": ("linear", (384, 96)),
+    "conv1d_big": ("conv1d", (64, 32, 7)),
+    "conv2d_big": ("conv2d", (64, 32, 3, 3)),
+    "conv3d_big": ("conv3d", (32, 16, 3, 3, 3)),
+}
+
+LAYER_KINDS = ("linear", "conv1d", "conv2d", "conv3d")
+MEGABATCH_SIZES = (1, 2, 3, 5)
+DTYPES = ("fp64", "fp32", "bf16")
+ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
+ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd"}
+ADJUST_LR = ("spectral_norm", "rms_norm", "none")
+GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
+DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
+OPTIMIZERS = ("muon",)
+
+DTYPE_PAIRS = (("fp64", "fp64"), ("fp64", "fp32"), ("fp32", "fp32"), ("fp32", "bf16"),
+               ("bf16", "fp32"), ("bf16", "bf16"))
+"""(parameter dtype, compute dtype) pairs a case may have: compute in the parameter's
+precision or one step coarser, as implementations do (torch.optim.Muon: always bf16)."""
+
+LR = 0.02
+MOMENTUM = 0.95
+PARAM_SCALE = 0.02
+"""Initial parameters are N(0, PARAM_SCALE^2): small enough that a bf16 parameter's
+rounding (relative 2^-9) stays a few percent of a Muon update of lr ~ 0.02."""
+
+
+def all_layers() -> dict[str, tuple[str, tuple[int, ...]]]:
+    """CI and nightly layers together."""
+    return {**LAYERS, **NIGHTLY_LAYERS}
+
+
+def compute_ok(orthogonalizer: str, compute_dtype: str) -> bool:
+    """False for "svd" with bf16: an SVD runs in fp32 at least, so that pair is no distinct case."""
+    return not (orthogonalizer == "svd" and compute_dtype == "bf16")

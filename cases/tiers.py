@@ -1,0 +1,93 @@
+"""The CI and nightly tiers: deterministic lists of cases built from the axes.
+
+CI covers every layer x megabatch size x flatten x orthogonalizer at fp32, then
+sweeps dtypes, gradient kinds and hyper-parameters on a few layers; secondary axes
+cycle through their values so each value appears. Nightly is the full product of
+the CI grid with more seeds, the larger layers and every dtype pairing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from cases import axes
+from cases.case import Case
+
+TIERS = ("ci", "nightly")
+
+def _flatten_values(layer: str) -> tuple[bool, ...]:
+    shape = axes.all_layers()[layer][1]
+    return (False, True) if len(shape) > 2 else (False,)
+
+
+def _grid(layers: list[str], seeds: range) -> Iterator[Case]:
+    cycle = itertools.count()
+    for layer, mb, orth, seed in itertools.product(layers, axes.MEGABATCH_SIZES, axes.ORTHOGONALIZERS, seeds):
+        for flatten in _flatten_values(layer):
+            i = next(cycle)
+            yield Case(layer=layer, megabatch=mb, flatten=flatten, param_dtype="fp32", compute_dtype="fp32",
+                       orthogonalizer=orth, adjust_lr=axes.ADJUST_LR[i % 3], nesterov=bool(i % 2),
+                       weight_decay=(0.0, 0.1)[(i // 2) % 2], steps=(1, 3)[(i // 3) % 2],
+                       grad=("gaussian", "lowrank")[(i // 5) % 2], seed=seed)
+
+
+def _dtypes(layers: list[str], megabatches: tuple[int, ...]) -> Iterator[Case]:
+    for (pd, cd), orth, layer, mb in itertools.product(axes.DTYPE_PAIRS, axes.ORTHOGONALIZERS, layers, megabatches):
+        if axes.compute_ok(orth, cd):
+            for flatten in _flatten_values(layer)[-1:]:
+                yield Case(layer=layer, megabatch=mb, flatten=flatten, param_dtype=pd, compute_dtype=cd,
+                           orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=True, weight_decay=0.1,
+                           steps=3, grad="gaussian")
+
+
+def _gradients(layers: list[str], dtypes: tuple[tuple[str, str], ...]) -> Iterator[Case]:
+    for grad, orth, layer, (pd, cd) in itertools.product(axes.GRADIENTS[1:], axes.ORTHOGONALIZERS, layers, dtypes):
+        if axes.compute_ok(orth, cd):
+            yield Case(layer=layer, megabatch=2, flatten=True, param_dtype=pd, compute_dtype=cd,
+                       orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=False, weight_decay=0.0,
+                       steps=2, grad=grad)
+
+
+def _hyper(layer: str) -> Iterator[Case]:
+    for adjust, nesterov, wd, steps in itertools.product(axes.ADJUST_LR, (False, True), (0.0, 0.1), (1, 3)):
+        yield Case(layer=layer, megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
+                   orthogonalizer="polar_express", adjust_lr=adjust, nesterov=nesterov, weight_decay=wd,
+                   steps=steps, grad="gaussian")
+
+
+def _unique(cases: Iterator[Case]) -> list[Case]:
+    return list(dict.fromkeys(cases))
+
+
+def ci_cases() -> list[Case]:
+    """The CI tier: small shapes, every axis value present."""
+    layers = list(axes.LAYERS)
+    return _unique(itertools.chain(
+        _grid(layers, range(1)),
+        _dtypes(["linear", "linear_tall", "conv2d", "conv3d"], (1, 3)),
+        _gradients(["linear_tall", "conv2d"], (("fp32", "fp32"), ("bf16", "bf16"))),
+        _hyper("conv2d"),
+    ))
+
+
+def nightly_cases() -> list[Case]:
+    """The nightly tier: CI plus more seeds, larger layers and every dtype pairing."""
+    every = list(axes.all_layers())
+    return _unique(itertools.chain(
+        ci_cases(),
+        _grid(every, range(3)),
+        _dtypes(every, axes.MEGABATCH_SIZES),
+        _gradients(every, axes.DTYPE_PAIRS),
+        _hyper("conv2d_big"),
+        _hyper("conv1d"),
+    ))
+
+
+def tier(name: str) -> list[Case]:
+    """Cases of tier `name` ("ci" or "nightly")."""
+    if name == "ci":
+        return ci_cases()
+    if name == "nightly":
+        return nightly_cases()
+    raise ValueError(f"unknown tier {name!r}; expected one of {TIERS}")
