@@ -106,13 +106,17 @@ class Muon(torch.optim.Optimizer):
             buckets[(tuple(p.shape), p.dtype, p.device)].append((p, u))
         for (shape, _, device), entries in buckets.items():
             updates = self._orthogonalized(torch.stack([u for _, u in entries]), group, device)
-            scale = lr_scale(shape, group["flatten"], group["adjust_lr"])
+            scale = self._lr_scale(shape, group)
             for (p, _), update in zip(entries, updates.unbind(0)):
                 p.mul_(1.0 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"] * scale)
 
-    @staticmethod
-    def _orthogonalized(stack: torch.Tensor, group: dict[str, Any], device: torch.device) -> torch.Tensor:
+    def _lr_scale(self, shape: tuple[int, ...], group: dict[str, Any]) -> float:
+        """lr multiplier of a parameter of `shape` in `group`."""
+        return lr_scale(shape, group["flatten"], group["adjust_lr"])
+
+    def _orthogonalized(self, stack: torch.Tensor, group: dict[str, Any], device: torch.device) -> torch.Tensor:
+        """orth of every member of a megabatch `stack` [N, *shape], in the stack's shape and dtype."""
         compute = group["compute_dtype"] or default_compute_dtype(device)
         steps = group["ns_steps"] or DEFAULT_STEPS
         mats = as_matrices(stack, group["flatten"])

@@ -18,7 +18,7 @@ import numpy as np
 
 from oracles.conventions import Conventions, Orthogonalizer, lr_scale
 from oracles.rounding import round_to
-from oracles.spectral import polar_factor, spectral_map
+from oracles.spectral import condition_number, polar_factor, spectral_map
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ def orthogonalize(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> np.ndar
     return np.stack(out).reshape(u.shape)
 
 
+def max_condition(x: np.ndarray, flatten: bool) -> float:
+    """The largest condition number among the matrices of the view of `x`."""
+    return max(condition_number(m) for m in matrix_view(np.asarray(x, np.float64), flatten))
+
+
 def momentum_and_direction(m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
                            conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
     """(new momentum buffer, the matrix U that gets orthogonalized)."""
@@ -62,21 +67,13 @@ def momentum_and_direction(m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
     return m, u
 
 
-def step_scale(shape: tuple[int, ...], hyper: MuonHyper, conv: Conventions) -> float:
-    """lr multiplier for this parameter; without flatten, a 3-D+ tensor uses its trailing dims."""
-    dims = conv.lr_dims
-    if not hyper.flatten and len(shape) > 2 and dims == "flattened":
-        dims = "last_two"
-    return lr_scale(shape, conv.lr_scale, dims)
-
-
 def reference_muon_step(x: np.ndarray, m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
                         conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
     """One FP64 Muon step of one parameter: returns (new parameter, new momentum)."""
     x = np.asarray(x, dtype=np.float64)
     m, u = momentum_and_direction(np.asarray(m, np.float64), np.asarray(g, np.float64), hyper, conv)
     o = orthogonalize(round_to(u, conv.compute_dtype), conv.orthogonalizer, hyper.flatten)
-    scale = step_scale(x.shape, hyper, conv)
+    scale = lr_scale(x.shape, conv.lr_scale, conv.lr_dims)
     lr_wd = hyper.lr if conv.weight_decay_lr == "base" else hyper.lr * scale
     decay = 1.0 - lr_wd * hyper.weight_decay
     if conv.weight_decay_order == "before":

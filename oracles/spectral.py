@@ -77,3 +77,11 @@ def polar_factor(g: np.ndarray, rcond: float) -> np.ndarray:
 def singular_values(g: np.ndarray) -> np.ndarray:
     """Singular values of a matrix, descending, in FP64."""
     return scipy.linalg.svd(np.asarray(g, dtype=np.float64), compute_uv=False, lapack_driver="gesvd")
+
+
+def condition_number(g: np.ndarray) -> float:
+    """s_max / s_min over min(m, n) singular values: inf if rank-deficient, 1 for a zero matrix."""
+    s = singular_values(g)
+    if s.size == 0 or s[0] == 0.0:
+        return 1.0
+    return float(s[0] / s[-1]) if s[-1] > 0.0 else float("inf")
