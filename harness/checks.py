@@ -1,0 +1,163 @@
+"""The checks run on a case. Each returns an `Outcome`; the runner turns them into records.
+
+  reference  every step of every megabatch member vs the FP64 reference step,
+             re-seeded from the target's own previous parameter (momentum in FP64)
+  megabatch  a member stepped inside the megabatch == the member stepped alone
+  equiv2d    flatten=True: [out, *rest] steps as the 2-D [out, prod(rest)] parameter does
+  scale      gradients x 2^10 vs the reference of the scaled run (the normaliser removes scale)
+  finite     degenerate gradients (zero, rank-deficient, tiny, huge) give finite parameters
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from cases import Case
+from cases.axes import DEGENERATE_GRADIENTS
+from harness import tolerance
+from harness.inputs import Inputs, f64
+from harness.metrics import Metrics, compare_step
+from harness.targets.base import Target
+from oracles import MuonHyper, reference_muon_step
+
+SCALE_FACTOR = 2.0**10
+"""Power of two: scaling the gradients is exact in every floating format."""
+
+Trajectory = list[list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    check: str
+    metrics: Metrics
+    tolerance: tolerance.Tolerance | None
+    message: str
+    skipped: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return "skipped"
+        return "pass" if self.metrics.ratio <= 1.0 else "fail"
+
+
+_NO_METRICS = Metrics(math.nan, math.nan, math.nan, math.nan, math.nan)
+FINITENESS = tolerance.Tolerance(0.0, 0.0, "finiteness: every parameter value must be finite")
+
+
+def applicable(case: Case) -> list[str]:
+    """Names of the checks that apply to `case`, in the order they run."""
+    names = ["reference"]
+    if case.megabatch > 1:
+        names.append("megabatch")
+    if case.flatten and len(case.shape) > 2:
+        names.append("equiv2d")
+    if case.grad == "gaussian":
+        names.append("scale")
+    if case.grad in DEGENERATE_GRADIENTS:
+        names.append("finite")
+    return names
+
+
+def _worst(pairs: list[tuple[Metrics, str]]) -> tuple[Metrics, str]:
+    worst: tuple[Metrics, str] | None = None
+    for metrics, where in pairs:
+        if worst is None or metrics.worse_than(worst[0]):
+            worst = (metrics, where)
+    assert worst is not None
+    return worst
+
+
+def _message(metrics: Metrics, where: str, tol: tolerance.Tolerance) -> str:
+    verdict = "within" if metrics.ratio <= 1.0 else "BEYOND"
+    return (f"worst at {where}: ||err|| = {metrics.ratio:.3g} x allowed ({verdict} tolerance); "
+            f"rel_err {metrics.rel_err:.3g} vs rtol {tol.rtol:g}, max_abs {metrics.max_abs:.3g}, "
+            f"max_ulp {metrics.max_ulp:.3g}")
+
+
+def _reference_steps(case: Case, target: Target, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
+                     traj: Trajectory) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """(where, x_prev, x_new, x_ref) per member and step: x_ref is the FP64 reference step from the
+    target's own previous parameter x_prev (re-seeded every step), momentum kept in FP64."""
+    conv = target.conventions(case)
+    hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    for i, p0 in enumerate(params):
+        x_prev, m = f64(p0), np.zeros(case.shape)
+        for k in range(case.steps):
+            x_ref, m = reference_muon_step(x_prev, m, f64(grads[k][i]), hyper, conv)
+            x_new = f64(traj[k][i])
+            yield f"member {i} step {k + 1}", x_prev, x_new, x_ref
+            x_prev = x_new
+
+
+def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    why = tolerance.ill_posed(case, inputs.condition)
+    if why:
+        return Outcome("reference", _NO_METRICS, None, why, skipped=True)
+    tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
+    metrics, where = _worst([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol, tol.storage_ulps), at)
+                             for at, x_prev, x_new, x_ref in _reference_steps(case, target, inputs.params,
+                                                                               inputs.grads, traj)])
+    return Outcome("reference", metrics, tol, _message(metrics, where, tol))
+
+
+def _relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,
+              other: Trajectory) -> Outcome:
+    """`traj` vs `other`: two runs of the same inputs that must agree, member by member, step by step."""
+    exact = target.exact_relations
+    tol = tolerance.for_relation(case, inputs.condition, exact, target.conventions(case).compute_dtype)
+    pairs = []
+    for i, p0 in enumerate(inputs.params):
+        a_prev = b_prev = f64(p0)
+        for k in range(case.steps):
+            a, b = f64(traj[k][i]), f64(other[k][i])
+            # Bitwise relations compare the parameters; the others each run's own step (update).
+            b_step = b if exact else a_prev + (b - b_prev)
+            pairs.append((compare_step(a_prev, a, b_step, case.param_dtype, tol.rtol, tol.storage_ulps),
+                          f"member {i} step {k + 1}"))
+            a_prev, b_prev = a, b
+    metrics, where = _worst(pairs)
+    return Outcome(name, metrics, tol, _message(metrics, where, tol))
+
+
+def megabatch(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    alone = [target.run(*_args(inputs.member(i)), case) for i in range(case.megabatch)]
+    regrouped = [[alone[i][k][0] for i in range(case.megabatch)] for k in range(case.steps)]
+    return _relation("megabatch", case, target, inputs, traj, regrouped)
+
+
+def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    flat = (case.shape[0], math.prod(case.shape[1:]))
+    other = [[t.reshape(case.shape) for t in step] for step in target.run(*_args(inputs.reshaped(flat)), case)]
+    return _relation("equiv2d", case, target, inputs, traj, other)
+
+
+def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    """Gradients x 2^10 against the FP64 reference of the scaled run. NS(cG) = NS(G) only up to
+    the normaliser's eps, which the reference models exactly; so this judges the invariance (and
+    the target's numerical range) without a tolerance for eps."""
+    scaled = inputs.scaled(SCALE_FACTOR)
+    out = reference(case, target, scaled, target.run(*_args(scaled), case))
+    return Outcome("scale", out.metrics, out.tolerance, f"gradients x {SCALE_FACTOR:g}: {out.message}", out.skipped)
+
+
+def finite(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    bad = [(k, i) for k, step in enumerate(traj) for i, t in enumerate(step) if not torch.isfinite(t).all()]
+    ratio = math.inf if bad else 0.0
+    message = (f"non-finite parameters after (step, member) {bad[:5]}" if bad
+               else f"all {case.steps * case.megabatch} parameters finite after {case.grad} gradients")
+    return Outcome("finite", Metrics(math.nan, math.nan, math.nan, math.nan, ratio), FINITENESS, message)
+
+
+def _args(inputs: Inputs) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    return inputs.params, inputs.grads
+
+
+CHECKS: dict[str, Callable[[Case, Target, Inputs, Trajectory], Outcome]] = {
+    "reference": reference, "megabatch": megabatch, "equiv2d": equiv2d, "scale": scale, "finite": finite,
+}

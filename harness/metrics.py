@@ -1,0 +1,66 @@
+"""Error metrics between an implementation's step and the reference, all in FP64.
+
+Compared per step on the *update* (new minus previous parameter), not the
+parameter: parameters dwarf updates and would hide update errors.
+
+  err      = delta_target - delta_ref
+  max_abs  = max |err|
+  rel_err  = ||err||_F / ||delta_ref||_F          (0 if both are 0, inf if only delta_ref is)
+  max_ulp  = max |x_target - x_ref| / ulp_param(x_ref)
+  allowed  = rtol ||delta_ref||_F + storage_ulps ||ulp_param(x_ref)||_F
+  ratio    = ||err||_F / allowed                  (pass iff ratio <= 1)
+
+The storage term is the rounding a parameter of its dtype must suffer when the
+new value is written (two roundings of at most half an ulp each).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from oracles.rounding import ulp
+
+
+@dataclass(frozen=True)
+class Metrics:
+    max_abs: float
+    rel_err: float
+    max_ulp: float
+    allowed: float
+    ratio: float
+
+    def worse_than(self, other: "Metrics | None") -> bool:
+        return other is None or _order(self.ratio) > _order(other.ratio)
+
+
+def _order(ratio: float) -> float:
+    return math.inf if math.isnan(ratio) else ratio
+
+
+def _safe_div(num: float, den: float) -> float:
+    if den > 0.0:
+        return num / den
+    return 0.0 if num == 0.0 else math.inf
+
+
+def compare_step(x_prev: np.ndarray, x_new: np.ndarray, x_ref: np.ndarray, param_dtype: str,
+                 rtol: float, storage_ulps: float) -> Metrics:
+    """Metrics of one parameter's step: x_prev -> x_new (judged) vs x_prev -> x_ref (expected).
+
+    Also serves relations (two runs that must agree); rtol = storage_ulps = 0 demands bitwise equality.
+    """
+    if not (np.all(np.isfinite(x_new)) and np.all(np.isfinite(x_ref))):
+        return Metrics(math.inf, math.inf, math.inf, math.nan, math.inf)
+    err = (x_new - x_prev) - (x_ref - x_prev)
+    err_norm = float(np.linalg.norm(err))
+    ref_norm = float(np.linalg.norm(x_ref - x_prev))
+    spacing = ulp(x_ref, param_dtype)
+    allowed = rtol * ref_norm + storage_ulps * float(np.linalg.norm(spacing))
+    return Metrics(max_abs=float(np.max(np.abs(err), initial=0.0)),
+                   rel_err=_safe_div(err_norm, ref_norm),
+                   max_ulp=float(np.max(np.abs(x_new - x_ref) / spacing, initial=0.0)),
+                   allowed=allowed,
+                   ratio=_safe_div(err_norm, allowed))

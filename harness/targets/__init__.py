@@ -1,0 +1,45 @@
+"""Targets the harness can judge, addressed as MODULE:CALLABLE (or a short alias).
+
+The callable takes no arguments and returns a `harness.targets.base.Target`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from harness.targets.base import OptimizerTarget, Target
+
+ALIASES: dict[str, str] = {
+    "ours": "harness.targets.ours:target",
+    "torch": "harness.targets.torch_builtin:target",
+    "control-layer-mixing": "harness.targets.controls:layer_mixing",
+    "control-lr-last-two-dims": "harness.targets.controls:lr_last_two_dims",
+    "control-stack-norm": "harness.targets.controls:stack_norm",
+}
+DEFAULT = "ours"
+
+
+class TargetError(ValueError):
+    """A target spec that does not name a usable target."""
+
+
+def load_target(spec: str) -> Target:
+    """Import and build the target named by `spec` (alias or MODULE:CALLABLE)."""
+    path = ALIASES.get(spec, spec)
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise TargetError(f"target {spec!r} is neither an alias {sorted(ALIASES)} nor MODULE:CALLABLE")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetError(f"target {spec!r}: cannot import {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise TargetError(f"target {spec!r}: {module_name} has no callable {attr!r}")
+    built = factory()
+    if not isinstance(built, Target):
+        raise TargetError(f"target {spec!r}: {attr}() returned {type(built).__name__}, not a harness Target")
+    return built
+
+
+__all__ = ["ALIASES", "DEFAULT", "OptimizerTarget", "Target", "TargetError", "load_target"]

@@ -1,0 +1,70 @@
+"""The protocol by which the harness judges an optimizer: a `Target`.
+
+A target runs a case's parameters through its optimizer and returns the
+trajectory; it declares the conventions it follows (so the reference matches
+them) and answers "unsupported" for what it cannot run. Write an adapter by
+subclassing `OptimizerTarget` (for any torch.optim.Optimizer) or `Target`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+
+from cases import Case
+from oracles import Conventions
+
+
+class Target(ABC):
+    """An implementation under judgement.
+
+    Attributes:
+      name: short name shown in reports.
+      exact_relations: True if a megabatched run and the runs of its members alone
+        use the same arithmetic, so that in fp64 they must agree bitwise.
+    """
+
+    name: str = "target"
+    exact_relations: bool = False
+
+    def version(self) -> str:
+        """Version string of the implementation (shown in reports)."""
+        return torch.__version__
+
+    @abstractmethod
+    def conventions(self, case: Case) -> Conventions:
+        """The conventions this target follows when running `case`."""
+
+    def unsupported(self, case: Case) -> str | None:
+        """Why this target cannot run `case`, or None if it can."""
+        return None
+
+    @abstractmethod
+    def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
+            case: Case) -> list[list[torch.Tensor]]:
+        """Step the parameters `params` (one megabatch: same shape and dtype) through
+        `grads[k][i]` (gradient of parameter i at step k) with `case`'s hyper-parameters,
+        all in one optimizer group. Returns `out[k][i]`, parameter i after step k.
+        Must not modify its inputs."""
+
+
+class OptimizerTarget(Target):
+    """A target that is a torch.optim.Optimizer built by `make`."""
+
+    @abstractmethod
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        """An optimizer over `params` configured for `case`."""
+
+    def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
+            case: Case) -> list[list[torch.Tensor]]:
+        live = [torch.nn.Parameter(p.detach().clone()) for p in params]
+        optimizer = self.make(live, case)
+        trajectory = []
+        for step_grads in grads:
+            for p, g in zip(live, step_grads):
+                p.grad = g.detach().clone()
+            optimizer.step()
+            trajectory.append([p.detach().clone() for p in live])
+        return trajectory

@@ -1,0 +1,42 @@
+"""Adapter for this project's `optimizers.Muon` (the default target)."""
+
+from __future__ import annotations
+
+import torch
+
+import optimizers
+from cases import Case
+from harness.dtypes import TORCH_DTYPES
+from harness.targets.base import OptimizerTarget
+from oracles import Conventions, Orthogonalizer
+
+
+class OursMuon(OptimizerTarget):
+    """optimizers.Muon: sum momentum, Nesterov G + mu M, decay before the update with base lr,
+    fans from the matrix view, normaliser ||X|| * s + eps."""
+
+    name = "ours"
+    exact_relations = True
+
+    def version(self) -> str:
+        return f"optimizers (torch {torch.__version__})"
+
+    def conventions(self, case: Case) -> Conventions:
+        return Conventions(
+            orthogonalizer=Orthogonalizer.named(case.orthogonalizer, compute_dtype=case.compute_dtype),
+            lr_scale=case.adjust_lr, lr_dims="flattened" if case.flatten else "last_two",
+            compute_dtype=case.compute_dtype)
+
+    def options(self, case: Case) -> dict:
+        """Muon keyword arguments for `case` (shared with the negative controls)."""
+        return dict(lr=case.lr, momentum=case.momentum, nesterov=case.nesterov,
+                    weight_decay=case.weight_decay, flatten=case.flatten,
+                    adjust_lr=None if case.adjust_lr == "none" else case.adjust_lr,
+                    orthogonalizer=case.orthogonalizer, compute_dtype=TORCH_DTYPES[case.compute_dtype])
+
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        return optimizers.Muon(params, **self.options(case))
+
+
+def target() -> OursMuon:
+    return OursMuon()
