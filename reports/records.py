@@ -138,3 +138,22 @@ class RunInfo:
     seconds: float
     torch_version: str
     commit: str = ""
+
+
+def group_by(records: Iterable[Record], field: str) -> dict[str, list[Record]]:
+    """Records per value of `field` (as text), keys sorted, record order kept."""
+    groups: dict[str, list[Record]] = {}
+    for r in records:
+        groups.setdefault(str(getattr(r, field)), []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def worst_ratio(records: Iterable[Record]) -> float:
+    """Largest error/tolerance ratio among `records`, ignoring NaN; NaN when none has one."""
+    ratios = [r.ratio for r in records if not math.isnan(r.ratio)]
+    return max(ratios) if ratios else math.nan
+
+
+def format_metric(value: float) -> str:
+    """A metric with 3 significant digits for reports; NaN is blank, as in the CSV."""
+    return "" if math.isnan(value) else f"{value:.3g}"
