@@ -1,0 +1,167 @@
+"""The harness itself: metrics, tolerance policy, target loading, case selection and the CLI."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cases import Case, matrix_shape, nightly_cases
+from harness import tolerance
+from harness.checks import applicable
+from harness.metrics import compare_step
+from harness.runner import run_case
+from harness.selection import select
+from harness.targets import TargetError, load_target
+from reports import read_csv
+
+ROW = "muon/linear-12x20/mb2/noflat/bf16@bf16/ns/spectral_norm/plain/wd0/steps3/gaussian/seed0"
+
+
+def test_compare_step_metrics_by_hand():
+    prev = np.zeros(4)
+    ref = np.array([1.0, 0.0, 0.0, 0.0])
+    new = np.array([1.0, 0.5, 0.0, 0.0])
+    m = compare_step(prev, new, ref, "fp64", rtol=0.25, storage_ulps=0.0)
+    assert m.max_abs == 0.5 and m.rel_err == 0.5 and m.ratio == pytest.approx(2.0)
+    assert m.max_ulp == pytest.approx(0.5 / np.spacing(0.0 + 2.0**-1022), rel=1e-12) or m.max_ulp > 1e300
+
+
+def test_compare_step_zero_update_and_non_finite():
+    x = np.ones(3)
+    assert compare_step(x, x, x, "fp32", 0.0, 0.0).ratio == 0.0
+    assert compare_step(x, x + 1e-3, x, "fp32", 0.0, 0.0).ratio == math.inf
+    assert compare_step(x, np.array([1.0, np.nan, 1.0]), x, "fp32", 1.0, 1.0).ratio == math.inf
+
+
+def test_storage_allowance_covers_one_ulp_of_rounding():
+    ref = np.array([0.1, 0.2, 0.3])
+    stored = np.array([np.float32(v) for v in ref], dtype=np.float64)
+    assert compare_step(np.zeros(3), stored, ref, "fp32", 0.0, tolerance.STORAGE_ULPS).ratio <= 1.0
+    assert compare_step(np.zeros(3), stored * (1 + 1e-6), ref, "fp32", 0.0, tolerance.STORAGE_ULPS).ratio > 1.0
+
+
+@pytest.mark.parametrize("condition", [1.0, 1e3])
+def test_policy_covers_every_case_of_every_tier(condition):
+    for case in nightly_cases():
+        if condition > 1.0 and min(matrix_shape(case.shape, case.flatten)[1:]) == 1:
+            continue  # a rank-1 matrix has condition number 1
+        tol = tolerance.for_case(case, condition)
+        assert 0 < tol.rtol < 1 and tol.source
+
+
+def test_policy_is_tightest_in_fp64_and_loosest_in_bf16():
+    for orth in ("newton_schulz", "polar_express"):
+        rtols = [tolerance.lookup(p, c, orth).rtol for p, c in (("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16"))]
+        assert rtols == sorted(rtols)
+
+
+def test_relation_tolerance_is_exact_only_for_same_arithmetic_in_fp64():
+    case = Case.from_id(ROW.replace("bf16@bf16", "fp64@fp64"))
+    assert tolerance.for_relation(case, 5.0, True).rtol == 0.0
+    assert tolerance.for_relation(case, 5.0, False).rtol == 2 * tolerance.for_case(case, 5.0).rtol
+
+
+def test_conditioning_loosens_visibly_and_bf16_ill_posedness_skips():
+    case = Case.from_id(ROW.replace("bf16@bf16", "fp32@fp32"))
+    well, ill = tolerance.for_case(case, 5.0), tolerance.for_case(case, 1e3)
+    assert ill.rtol > well.rtol and "loosened" in ill.source and "loosened" not in well.source
+    assert tolerance.ill_posed(case, 1e9) is None
+    assert "ill-posed" in tolerance.ill_posed(Case.from_id(ROW), 1e3)
+    assert tolerance.ill_posed(Case.from_id(ROW), 100.0) is None
+
+
+def test_rank_one_polar_express_bf16_override_is_visible():
+    row = Case.from_id(ROW.replace("linear-12x20", "linear_row-1x16").replace("/ns/", "/pe/"))
+    tol = tolerance.for_case(row, 1.0)
+    assert "loosened x3" in tol.source and tol.rtol == 3 * tolerance.lookup("bf16", "bf16", "polar_express").rtol
+
+
+@pytest.mark.parametrize("spec,match", [("nope", "alias"), ("no_such_module:x", "cannot import"),
+                                        ("harness.targets:nothing", "no callable"),
+                                        ("harness.targets.base:Target", "Target")])
+def test_load_target_errors(spec, match):
+    with pytest.raises((TargetError, TypeError), match=match):
+        load_target(spec)
+
+
+def test_select_by_substring_and_by_full_id_outside_the_tier():
+    assert all("conv3d" in c.id for c in select("ci", ["conv3d"]))
+    outside = ROW.replace("seed0", "seed77")
+    assert [c.id for c in select("ci", [outside])] == [outside]
+
+
+def test_unsupported_is_never_pass():
+    records = run_case(Case.from_id(ROW.replace("linear-12x20", "conv2d-8x4x3x3").replace("noflat", "flat")),
+                       load_target("torch"), "torch")
+    assert records and all(r.status == "unsupported" and "2-D" in r.message for r in records)
+
+
+def test_applicable_checks():
+    case = Case.from_id("muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps3/zero/seed0")
+    assert applicable(case) == ["reference", "megabatch", "equiv2d", "finite"]
+
+
+def test_torch_builtin_muon_corrupts_bf16_momentum():
+    """Finding (torch 2.13): without Nesterov, torch.optim.Muon passes its bf16 momentum buffer to
+    Newton-Schulz, whose `grad.bfloat16()` is then the buffer itself and `div_` normalises it in place.
+    From step 2 on the update is wrong; the harness must say so, and pass the Nesterov variant."""
+    got = {r.check: r for r in run_case(Case.from_id(ROW), load_target("torch"), "torch")}
+    assert got["reference"].status == "fail"
+    nesterov = run_case(Case.from_id(ROW.replace("plain", "nesterov")), load_target("torch"), "torch")
+    assert all(r.status == "pass" for r in nesterov)
+
+
+def harness_cli(*args, tmp):
+    return subprocess.run([sys.executable, "-m", "harness", *args, "--out", str(tmp)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_run_writes_reports_and_exits_zero(tmp_path):
+    proc = harness_cli("run", "--select", "conv1d-8x4x5/mb2/flat", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = read_csv(tmp_path / "results.csv")
+    assert records and all(r.status == "pass" for r in records)
+    assert "<html" in (tmp_path / "report.html").read_text()
+    assert "PASSED" in (tmp_path / "summary.md").read_text()
+    assert "[" in proc.stderr and "checks" in proc.stderr  # progress output
+
+
+def test_cli_exits_one_on_a_wrong_target(tmp_path):
+    proc = harness_cli("run", "--target", "control-layer-mixing", "--select", "conv2d-8x4x3x3/mb3/flat", tmp=tmp_path)
+    assert proc.returncode == 1
+    assert any(r.status == "fail" for r in read_csv(tmp_path / "results.csv"))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--target", "nope"], "alias"),
+    (["run", "--select", "no-such-case"], "no case"),
+    (["run", "--backend", "tpu"], "backend"),
+    (["run", "--frobnicate"], "unrecognized"),
+])
+def test_cli_usage_errors_exit_two(tmp_path, args, message):
+    proc = harness_cli(*args, tmp=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3
+
+
+def test_cli_diff_and_baseline_flag_a_regression(tmp_path):
+    base, head = tmp_path / "base", tmp_path / "head"
+    select = ["--select", "conv2d-8x4x3x3/mb3/flat/fp32@fp32"]
+    assert harness_cli("run", *select, tmp=base).returncode == 0
+    again = harness_cli("run", *select, "--baseline", str(base), tmp=head)
+    assert again.returncode == 0 and "no regression" in again.stderr
+    assert (head / "diff.md").exists() and (head / "run.json").exists() and (head / "results.parquet").exists()
+    same = subprocess.run([sys.executable, "-m", "harness", "diff", str(base), str(head), "--out", str(tmp_path / "d")],
+                          capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0
+    trend = subprocess.run([sys.executable, "-m", "harness", "trend", str(base), str(head), "--out",
+                            str(tmp_path / "t")], capture_output=True, text=True, timeout=120)
+    assert trend.returncode == 0 and (tmp_path / "t" / "trend.html").exists()
+
+
+def test_cli_diff_of_a_missing_run_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / "none"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and ("no stored run" in proc.stderr or "holds no run" in proc.stderr)

@@ -1,0 +1,153 @@
+"""optimizers.Muon: validation before any change, megabatching, state, the AdamW fallback."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from optimizers import Muon
+from optimizers.matrix_view import as_matrices, lr_scale
+
+
+def params(*shapes, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for shape in shapes:
+        p = torch.nn.Parameter(torch.randn(*shape, generator=g, dtype=dtype))
+        p.grad = torch.randn(*shape, generator=g, dtype=dtype)
+        out.append(p)
+    return out
+
+
+def snapshot(ps):
+    return [p.detach().clone() for p in ps]
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(adjust_lr="sqrt"), ValueError, "adjust_lr"),
+    (dict(orthogonalizer="qr"), ValueError, "orthogonalizer"),
+    (dict(lr=math.nan), ValueError, "lr must be finite"),
+    (dict(momentum=math.inf), ValueError, "momentum must be finite"),
+    (dict(momentum=1.0), ValueError, "momentum"),
+    (dict(weight_decay=-0.1), ValueError, "weight_decay"),
+    (dict(ns_steps=0), ValueError, "ns_steps"),
+    (dict(eps=math.nan), ValueError, "eps"),
+    (dict(compute_dtype=torch.int32), ValueError, "compute_dtype"),
+    (dict(nesterov="yes"), TypeError, "nesterov"),
+])
+def test_bad_options_raise_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Muon(params((4, 6)), **kwargs)
+
+
+def test_bad_parameters_raise_at_construction():
+    with pytest.raises(ValueError, match="adamw"):
+        Muon([torch.nn.Parameter(torch.zeros(5))])
+    with pytest.raises(TypeError, match="dtype"):
+        Muon([torch.nn.Parameter(torch.zeros(3, 3, dtype=torch.complex64))])
+    with pytest.raises(TypeError, match="dtype"):
+        Muon([torch.zeros(3, 3, dtype=torch.int64)])
+    with pytest.raises(ValueError, match="algorithm"):
+        Muon([{"params": params((3, 3)), "algorithm": "sgd"}])
+    with pytest.raises(NotImplementedError, match="mesh"):
+        Muon(params((3, 3)), mesh=object())
+
+
+def test_bad_group_added_later_leaves_the_optimizer_unchanged():
+    opt = Muon(params((4, 6)))
+    with pytest.raises(ValueError, match="param group 1"):
+        opt.add_param_group({"params": params((5,))})
+    assert len(opt.param_groups) == 1
+
+
+def test_hyperparameter_broken_after_construction_fails_before_any_change():
+    ps = params((4, 6), (4, 6), (3, 5))
+    opt = Muon([{"params": ps[:2]}, {"params": ps[2:]}])
+    before = snapshot(ps)
+    opt.param_groups[1]["lr"] = math.nan
+    with pytest.raises(ValueError, match="param group 1: lr"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(ps)))
+    assert len(opt.state) == 0, "no momentum buffer may be created by a rejected step"
+
+
+def test_bad_gradient_fails_before_any_change():
+    ps = params((4, 6), (4, 6))
+    ps[1].grad = torch.zeros(4, 6).to_sparse()
+    opt = Muon(ps)
+    before = snapshot(ps)
+    with pytest.raises(TypeError, match="sparse"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(ps))) and len(opt.state) == 0
+
+
+def test_flatten_view_keeps_the_stack_axis():
+    stack = torch.zeros(3, 8, 4, 3, 3)
+    assert as_matrices(stack, flatten=True).shape == (3, 8, 36)
+    assert as_matrices(stack, flatten=False).shape == (3 * 8 * 4, 3, 3)
+    assert lr_scale((8, 4, 3, 3), True, "spectral_norm") == pytest.approx(math.sqrt(8 / 36))
+    assert lr_scale((8, 4, 3, 3), False, "spectral_norm") == 1.0
+    assert lr_scale((8, 36), True, "rms_norm") == pytest.approx(0.2 * 6)
+
+
+@pytest.mark.parametrize("flatten", [True, False])
+def test_megabatched_step_equals_separate_steps(flatten):
+    torch.set_num_threads(1)
+    together = params((8, 4, 3, 3), (8, 4, 3, 3), (8, 4, 3, 3), (6, 20), dtype=torch.float64)
+    alone = [[torch.nn.Parameter(p.detach().clone())] for p in together]
+    for (q,), p in zip(alone, together):
+        q.grad = p.grad.clone()
+    Muon(together, flatten=flatten, compute_dtype=torch.float64).step()
+    for (q,) in alone:
+        Muon([q], flatten=flatten, compute_dtype=torch.float64).step()
+    for p, (q,) in zip(together, alone):
+        assert torch.equal(p, q)
+
+
+def test_state_dict_round_trip_continues_identically():
+    a = params((8, 4, 3, 3), (6, 20))
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt_a = Muon(a, nesterov=True, flatten=True)
+    opt_a.step()
+    for p, q in zip(a, b):
+        q.data.copy_(p.data)
+    opt_b = Muon(b, nesterov=True, flatten=True)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # as if saved to disk: no aliasing
+    g = torch.Generator().manual_seed(7)
+    for p, q in zip(a, b):
+        p.grad = torch.randn(p.shape, generator=g)
+        q.grad = p.grad.clone()
+    opt_a.step()
+    opt_b.step()
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_update_keeps_parameter_dtype_and_is_finite(dtype):
+    ps = params((8, 4, 3, 3), (24, 6), dtype=dtype)
+    Muon(ps, flatten=True).step()
+    assert all(p.dtype == dtype and torch.isfinite(p).all() for p in ps)
+
+
+def test_zero_gradient_gives_a_finite_pure_decay_step():
+    p = torch.nn.Parameter(torch.ones(4, 6))
+    p.grad = torch.zeros(4, 6)
+    Muon([p], weight_decay=0.5, lr=0.1).step()
+    assert torch.equal(p.detach(), torch.full((4, 6), 0.95))
+
+
+def test_adamw_group_matches_torch_adamw():
+    a = params((5,), (7, 3))
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt = Muon([{"params": a, "algorithm": "adamw", "lr": 1e-3, "weight_decay": 0.1}])
+    ref = torch.optim.AdamW(b, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        for p, q in zip(a, b):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)

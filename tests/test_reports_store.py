@@ -1,0 +1,141 @@
+"""Stored runs: parquet + run.json round trip, CSV fallback, NaN kept, clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports.records import COLUMNS, Record, RunInfo, write_csv
+from reports.store import load_run, save_run
+
+NAN = math.nan
+INFO = RunInfo(target="ours [ours] 0.1.0", tier="nightly", backends="cpu,nccl", command="python -m harness run",
+               started="2025-01-02T03:04:05+00:00", seconds=12.5, torch_version="2.13.0+cpu", commit="abc1234")
+
+
+def rec(case_id: str, status: str, ratio: float = NAN, **overrides: object) -> Record:
+    """A record with plausible defaults; `overrides` replace any field."""
+    fields = dict(check="update", target="ours", backend="cpu", world_size=1, layout="single", optimizer="muon",
+                  layer="linear", shape="64x32", megabatch=1, flatten=False, param_dtype="float32",
+                  compute_dtype="float32", orthogonalizer="newton_schulz")
+    fields.update(overrides)
+    return Record(case_id=case_id, status=status, ratio=ratio, **fields)  # type: ignore[arg-type]
+
+
+RECORDS = [
+    rec("muon/linear/f32/s0", "pass", 0.25, rel_err=2.5e-7, max_abs=1e-8, max_ulp=3.0, tolerance=1e-6,
+        tolerance_source="f32: 8 ulp", seconds=0.125),
+    rec("muon/conv/bf16/s1", "fail", 12.0, flatten=True, megabatch=8, rel_err=0.12, tolerance=0.01,
+        message="diverged: ‖Δ‖ > tol, \"quoted\", a,b\nsecond line", repro="python -m harness repro 'x'"),
+    rec("muon/linear/f32/s1", "error", message="RuntimeError: shape mismatch"),
+    rec("muon/linear/fp8/s0", "unsupported", param_dtype="float8_e4m3fn", message="no fp8"),
+    rec("muon/linear/f32/s2", "skipped", backend="nccl", world_size=4, layout="sharded", message="no GPU"),
+    rec("muon/linear/f32/inf", "fail", math.inf, tolerance=0.0, rel_err=math.inf),
+]
+
+
+def same(a: list[Record], b: list[Record]) -> bool:
+    """Field-by-field equality where NaN equals NaN."""
+    def norm(r: Record) -> tuple:
+        return tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in dataclasses.astuple(r))
+
+    return [norm(r) for r in a] == [norm(r) for r in b]
+
+
+def test_parquet_round_trip_keeps_every_field_and_nan(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path / "run")
+    loaded, _ = load_run(tmp_path / "run")
+    assert same(loaded, RECORDS)
+    assert math.isnan(loaded[2].ratio) and loaded[0].ratio == 0.25
+    assert loaded[5].ratio == math.inf
+    assert type(loaded[1].megabatch) is int and loaded[1].flatten is True and type(loaded[0].ratio) is float
+
+
+def test_parquet_has_one_row_per_record_and_typed_columns(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    frame = pd.read_parquet(tmp_path / "results.parquet")
+    assert tuple(frame.columns) == COLUMNS and len(frame) == len(RECORDS)
+    assert frame["world_size"].dtype == "int64" and frame["flatten"].dtype == bool
+    assert frame["ratio"].dtype == "float64" and frame["ratio"].isna().sum() == 3
+
+
+def test_run_json_holds_run_info_and_environment(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    stored = json.loads((tmp_path / "run.json").read_text())
+    assert {k: stored[k] for k in dataclasses.asdict(INFO)} == dataclasses.asdict(INFO)
+    assert stored["python_version"] == platform.python_version()
+    assert stored["platform"] == platform.platform() and stored["device"]
+    assert stored["world_sizes"] == [1, 4]
+    assert stored["date"] == INFO.started
+    assert stored["records"] == 6 and stored["statuses"]["fail"] == 2
+
+
+def test_missing_commit_is_taken_from_the_project(tmp_path: Path) -> None:
+    save_run(RECORDS, dataclasses.replace(INFO, commit=""), tmp_path)
+    _, context = load_run(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{7,40}", context["commit"]), context["commit"]
+
+
+def test_load_returns_stored_context_with_path(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    _, context = load_run(tmp_path)
+    assert context["path"] == str(tmp_path)
+    assert context["tier"] == "nightly" and context["torch_version"] == "2.13.0+cpu"
+    assert context["date"] == INFO.started
+
+
+def test_empty_run_round_trips(tmp_path: Path) -> None:
+    save_run([], INFO, tmp_path)
+    records, context = load_run(tmp_path)
+    assert records == [] and context["world_sizes"] == [] and context["records"] == 0
+
+
+def test_csv_only_run_loads_with_derived_context(tmp_path: Path) -> None:
+    write_csv(RECORDS, tmp_path / "results.csv")
+    records, context = load_run(tmp_path)
+    assert same(records, RECORDS)
+    assert context["world_sizes"] == [1, 4] and context["records"] == 6
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", context["date"])
+    assert "tier" not in context
+
+
+def test_parquet_is_preferred_over_csv(tmp_path: Path) -> None:
+    save_run(RECORDS[:2], INFO, tmp_path)
+    write_csv(RECORDS, tmp_path / "results.csv")
+    records, _ = load_run(tmp_path)
+    assert same(records, RECORDS[:2])
+
+
+def test_null_floats_from_other_writers_load_as_nan(tmp_path: Path) -> None:
+    frame = pd.DataFrame([dataclasses.asdict(r) for r in RECORDS], columns=list(COLUMNS))
+    frame.to_parquet(tmp_path / "results.parquet")  # pandas writes NaN as null
+    records, _ = load_run(tmp_path)
+    assert same(records, RECORDS)
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: None, "holds no run"),
+    (lambda d: (d / "results.parquet").write_text("not parquet"), "not a readable parquet file"),
+    (lambda d: pd.DataFrame({"case_id": ["x"]}).to_parquet(d / "results.parquet"), "missing columns"),
+    (lambda d: (d / "results.csv").write_text("a,b\n1,2\n"), "not a results file"),
+])
+def test_directory_without_a_run_is_a_clear_error(tmp_path: Path, setup, message: str) -> None:
+    setup(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        load_run(tmp_path)
+
+
+def test_missing_directory_and_bad_run_json_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a directory"):
+        load_run(tmp_path / "absent")
+    save_run(RECORDS, INFO, tmp_path)
+    (tmp_path / "run.json").write_text("{broken")
+    with pytest.raises(ValueError, match="run.json: not valid JSON"):
+        load_run(tmp_path)
