@@ -105,11 +105,18 @@ class Muon(torch.optim.Optimizer):
             u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
             buckets[(tuple(p.shape), p.dtype, p.device)].append((p, u))
         for (shape, _, device), entries in buckets.items():
+            params = [p for p, _ in entries]
             updates = self._orthogonalized(torch.stack([u for _, u in entries]), group, device)
+            updates = self._postprocess(updates, params, group)
             scale = self._lr_scale(shape, group)
-            for (p, _), update in zip(entries, updates.unbind(0)):
+            for p, update in zip(params, updates.unbind(0)):
                 p.mul_(1.0 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"] * scale)
+
+    def _postprocess(self, updates: torch.Tensor, params: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
+        """Transform a megabatch's orthogonalized updates [N, *shape] before they are applied
+        (identity for Muon; NorMuon normalises rows here)."""
+        return updates
 
     def _lr_scale(self, shape: tuple[int, ...], group: dict[str, Any]) -> float:
         """lr multiplier of a parameter of `shape` in `group`."""
