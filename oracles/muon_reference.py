@@ -67,15 +67,25 @@ def momentum_and_direction(m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
     return m, u
 
 
-def reference_muon_step(x: np.ndarray, m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
-                        conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
-    """One FP64 Muon step of one parameter: returns (new parameter, new momentum)."""
-    x = np.asarray(x, dtype=np.float64)
-    m, u = momentum_and_direction(np.asarray(m, np.float64), np.asarray(g, np.float64), hyper, conv)
-    o = orthogonalize(round_to(u, conv.compute_dtype), conv.orthogonalizer, hyper.flatten)
+def apply_update(x: np.ndarray, update: np.ndarray, hyper: MuonHyper, conv: Conventions) -> np.ndarray:
+    """X (1 - lr_wd wd) - lr scale update, in the declared order, with the declared lr scale."""
     scale = lr_scale(x.shape, conv.lr_scale, conv.lr_dims)
     lr_wd = hyper.lr if conv.weight_decay_lr == "base" else hyper.lr * scale
     decay = 1.0 - lr_wd * hyper.weight_decay
     if conv.weight_decay_order == "before":
-        return x * decay - hyper.lr * scale * o, m
-    return (x - hyper.lr * scale * o) * decay, m
+        return x * decay - hyper.lr * scale * update
+    return (x - hyper.lr * scale * update) * decay
+
+
+def orthogonalized_direction(m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
+                             conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
+    """(new momentum, O = orth(round_compute(U))) of one parameter."""
+    m, u = momentum_and_direction(np.asarray(m, np.float64), np.asarray(g, np.float64), hyper, conv)
+    return m, orthogonalize(round_to(u, conv.compute_dtype), conv.orthogonalizer, hyper.flatten)
+
+
+def reference_muon_step(x: np.ndarray, m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
+                        conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
+    """One FP64 Muon step of one parameter: returns (new parameter, new momentum)."""
+    m, o = orthogonalized_direction(m, g, hyper, conv)
+    return apply_update(np.asarray(x, dtype=np.float64), o, hyper, conv), m

@@ -47,6 +47,12 @@ def _svd(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                             lapack_driver="gesvd")
 
 
+def frobenius(s: np.ndarray) -> float:
+    """||G||_F from G's singular values, scaled so that neither tiny nor huge values under/overflow."""
+    top = float(np.max(s, initial=0.0))
+    return top * float(np.sqrt(np.sum((s / top) ** 2))) if top > 0.0 else 0.0
+
+
 def compose(schedule: Sequence[Coefficients], s: np.ndarray) -> np.ndarray:
     """The scalar map f = p_k o ... o p_1 applied elementwise to `s`."""
     x = np.asarray(s, dtype=np.float64)
@@ -59,7 +65,7 @@ def compose(schedule: Sequence[Coefficients], s: np.ndarray) -> np.ndarray:
 def spectral_map(g: np.ndarray, schedule: Sequence[Coefficients], normaliser: Normaliser) -> np.ndarray:
     """Exact result of the polynomial iteration `schedule` started from normalised `g`."""
     u, s, vt = _svd(g)
-    d = normaliser.denominator(float(np.linalg.norm(g)))
+    d = normaliser.denominator(frobenius(s))
     if d == 0.0:
         return np.zeros_like(g, dtype=np.float64)
     return (u * compose(schedule, s / d)) @ vt

@@ -154,3 +154,11 @@ def test_oracles_import_neither_torch_nor_optimizers():
     import sys
     code = "import sys, oracles; bad = {'torch', 'optimizers'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_spectral_map_survives_values_whose_squares_underflow():
+    """Found by Hypothesis: a naive ||G||_F of 1e-163 underflows to 0 and zeroes the result."""
+    spec = Orthogonalizer.named("newton_schulz", eps=0.0)
+    g = np.array([[5.7e-163, 0.0], [0.0, 2.0e-163]])
+    expect = spectral_map(g * 1e160, spec.schedule, spec.normaliser)
+    np.testing.assert_allclose(spectral_map(g, spec.schedule, spec.normaliser), expect, rtol=1e-12)

@@ -1,0 +1,53 @@
+"""FP64 reference NorMuon on the equivalent 2-D matrix: one parameter, unbatched, NumPy only.
+
+After Muon's orthogonalization O of each matrix [m, n] of the parameter's matrix view
+(flatten: the one matrix [out, prod(rest)]; otherwise the trailing matrices):
+
+  v <- beta2 v + (1 - beta2) mean_row(O^2)      one value per row (output channel)
+  N = O / (sqrt(v) + eps)                         rows normalised
+  N <- N * ||O||_F / ||N||_F                      Frobenius norm of the whole parameter restored
+  X <- X (1 - lr_wd wd);  X <- X - lr scale N     Muon's lr scale and decoupled decay (declared order)
+
+`v` is kept as [B, m]: B matrices of the view, m rows each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oracles.conventions import Conventions
+from oracles.muon_reference import MuonHyper, apply_update, matrix_view, orthogonalized_direction
+
+
+@dataclass(frozen=True)
+class NorMuonHyper(MuonHyper):
+    """Muon's hyper-parameters plus the row second moment's decay and epsilon."""
+
+    beta2: float = 0.95
+    variance_eps: float = 1e-8
+
+
+def initial_variance(shape: tuple[int, ...], flatten: bool) -> np.ndarray:
+    """Zero second moment [B, m] for a parameter of `shape`."""
+    b, m, _ = matrix_view(np.zeros(shape), flatten).shape
+    return np.zeros((b, m))
+
+
+def normalise_rows(o: np.ndarray, v: np.ndarray, hyper: NorMuonHyper) -> tuple[np.ndarray, np.ndarray]:
+    """(row-normalised, norm-restored update in o's shape, new v [B, m]) for orthogonalized `o`."""
+    mats = matrix_view(o, hyper.flatten)
+    v = hyper.beta2 * v + (1.0 - hyper.beta2) * np.mean(mats * mats, axis=-1)
+    normed = mats / (np.sqrt(v)[..., None] + hyper.variance_eps)
+    norm_o, norm_n = np.linalg.norm(mats), np.linalg.norm(normed)
+    restored = normed * (norm_o / norm_n) if norm_n > 0.0 else normed
+    return restored.reshape(o.shape), v
+
+
+def reference_normuon_step(x: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, hyper: NorMuonHyper,
+                           conv: Conventions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One FP64 NorMuon step of one parameter: returns (new parameter, new momentum, new v [B, m])."""
+    m, o = orthogonalized_direction(m, g, hyper, conv)
+    update, v = normalise_rows(o, np.asarray(v, np.float64), hyper)
+    return apply_update(np.asarray(x, dtype=np.float64), update, hyper, conv), m, v
