@@ -1,5 +1,5 @@
 """Production Muon-family optimizers: megabatched, convolution-correct."""
 
-from optimizers.muon import Muon
+from optimizers.muon import Muon, NorMuon
 
-__all__ = ["Muon"]
+__all__ = ["Muon", "NorMuon"]

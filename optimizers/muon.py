@@ -20,9 +20,10 @@ from typing import Any, Iterable
 
 import torch
 
-from optimizers import adamw
+from optimizers import adamw, checkpoint
 from optimizers.coefficients import DEFAULT_STEPS
 from optimizers.matrix_view import as_matrices, lr_scale
+from optimizers.normuon import normalise_rows
 from optimizers.orthogonalize import orthogonalize
 from optimizers.validation import check_grad, check_group
 
@@ -47,6 +48,8 @@ class Muon(torch.optim.Optimizer):
       eps: added to the Frobenius norm in the normaliser.
       mesh: reserved for distributed layouts; only None is accepted in this version.
       betas, adamw_eps: hyper-parameters of "adamw" groups.
+      beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups (see normuon.py).
+      algorithm: the default group algorithm, "muon", "normuon" or "adamw".
 
     Raises ValueError/TypeError before touching anything on bad options or parameters.
     """
@@ -55,13 +58,14 @@ class Muon(torch.optim.Optimizer):
                  nesterov: bool = False, weight_decay: float = 0.0, adjust_lr: str | None = "spectral_norm",
                  flatten: bool = False, orthogonalizer: str = "polar_express", ns_steps: int | None = None,
                  compute_dtype: torch.dtype | None = None, eps: float = 1e-7, mesh: Any = None,
-                 betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8) -> None:
+                 betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8, beta2: float = 0.95,
+                 variance_eps: float = 1e-8, algorithm: str = "muon") -> None:
         if mesh is not None:
             raise NotImplementedError("Muon(mesh=...): distributed layouts are not supported in this version")
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         adjust_lr=adjust_lr, flatten=flatten, orthogonalizer=orthogonalizer,
-                        ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm="muon",
-                        betas=betas, adamw_eps=adamw_eps)
+                        ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm=algorithm,
+                        betas=betas, adamw_eps=adamw_eps, beta2=beta2, variance_eps=variance_eps)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -71,6 +75,15 @@ class Muon(torch.optim.Optimizer):
         merged["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
         check_group(len(self.param_groups), merged)
         super().add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict plus the layout version (optimizers/checkpoint.py)."""
+        return {**super().state_dict(), checkpoint.VERSION_KEY: checkpoint.LAYOUT_VERSION}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state of this layout; ValueError, with the live state untouched, for any other."""
+        checkpoint.validate(state_dict, self.param_groups)
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.VERSION_KEY})
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -114,9 +127,11 @@ class Muon(torch.optim.Optimizer):
                 p.add_(update, alpha=-group["lr"] * scale)
 
     def _postprocess(self, updates: torch.Tensor, params: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
-        """Transform a megabatch's orthogonalized updates [N, *shape] before they are applied
-        (identity for Muon; NorMuon normalises rows here)."""
-        return updates
+        """Transform a megabatch's orthogonalized updates [N, *shape] before they are applied:
+        identity for "muon" groups, row normalisation for "normuon" groups."""
+        if group["algorithm"] != "normuon":
+            return updates
+        return normalise_rows(updates, [self.state[p] for p in params], group)
 
     def _lr_scale(self, shape: tuple[int, ...], group: dict[str, Any]) -> float:
         """lr multiplier of a parameter of `shape` in `group`."""
@@ -129,3 +144,13 @@ class Muon(torch.optim.Optimizer):
         mats = as_matrices(stack, group["flatten"])
         out = orthogonalize(mats, group["orthogonalizer"], steps, group["eps"], compute)
         return out.reshape(stack.shape)
+
+
+class NorMuon(Muon):
+    """Muon whose groups default to algorithm "normuon" (Li et al., 2025, arXiv:2510.05491):
+    the orthogonalized update's rows are normalised by a running second moment, then its
+    Frobenius norm is restored (optimizers/normuon.py). Takes every Muon option, plus
+    beta2 (default 0.95) and variance_eps (default 1e-8)."""
+
+    def __init__(self, params: Iterable[Any], **options: Any) -> None:
+        super().__init__(params, **{"algorithm": "normuon", **options})

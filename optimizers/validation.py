@@ -14,7 +14,7 @@ import torch
 from optimizers.matrix_view import ADJUST_LR
 from optimizers.orthogonalize import ORTHOGONALIZERS
 
-ALGORITHMS = ("muon", "adamw")
+ALGORITHMS = ("muon", "normuon", "adamw")
 PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 COMPUTE_DTYPES = (None, torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -62,6 +62,11 @@ def check_group(index: int, group: dict[str, Any]) -> None:
         return
     check_params(where, group["params"], 2)
     _finite(where, "momentum", group["momentum"], 0.0, 1.0, high_open=True)
+    if algorithm == "normuon":
+        _finite(where, "beta2", group["beta2"], 0.0, 1.0, high_open=True)
+        _finite(where, "variance_eps", group["variance_eps"], 0.0)
+        if group["variance_eps"] == 0.0:
+            raise ValueError(f"{where}: variance_eps must be > 0 (it guards the division by sqrt(v))")
     _finite(where, "eps", group["eps"], 0.0)
     if group["adjust_lr"] not in ADJUST_LR:
         raise ValueError(f"{where}: unknown adjust_lr {group['adjust_lr']!r}; expected one of {ADJUST_LR}")

@@ -35,6 +35,9 @@ def snapshot(ps):
     (dict(eps=math.nan), ValueError, "eps"),
     (dict(compute_dtype=torch.int32), ValueError, "compute_dtype"),
     (dict(nesterov="yes"), TypeError, "nesterov"),
+    (dict(algorithm="normuon", beta2=1.0), ValueError, "beta2"),
+    (dict(algorithm="normuon", variance_eps=0.0), ValueError, "variance_eps"),
+    (dict(algorithm="lion"), ValueError, "algorithm"),
 ])
 def test_bad_options_raise_at_construction(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -1,0 +1,52 @@
+"""NorMuon: Muon followed by a per-output-channel normalisation of the update.
+
+For each matrix [m, n] of a parameter's matrix view (flatten: the one matrix
+[out, prod(rest)], so rows are output channels; otherwise the trailing matrices):
+
+  v <- beta2 v + (1 - beta2) mean_row(O^2)     one value per row
+  N = O / (sqrt(v) + eps)
+  N <- N * ||O||_F / ||N||_F                     per parameter (the norm Muon would apply)
+
+then Muon's lr scale and decoupled weight decay. The variance buffer lives in the
+parameter's state at parameter rank, one value per row: [out, 1, ..., 1] with
+flatten, [*shape[:-1], 1] without, in the parameter's dtype and device, so sharded
+checkpoints stay shard-compatible. Megabatched: the math runs on the stacked
+[N, out, prod(rest)] view. Under row sharding the norm restore is shard-local.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from optimizers.matrix_view import as_matrices
+
+
+def variance_shape(shape: tuple[int, ...], flatten: bool) -> tuple[int, ...]:
+    """Shape of the variance buffer of a parameter of `shape`: one value per matrix row."""
+    if flatten:
+        return (shape[0],) + (1,) * (len(shape) - 1)
+    return tuple(shape[:-1]) + (1,)
+
+
+def normalise_rows(updates: torch.Tensor, states: list[dict[str, Any]], group: dict[str, Any]) -> torch.Tensor:
+    """NorMuon's normalisation of a megabatch's orthogonalized updates [N, *shape]; updates each
+    state's "variance" in place (created as zeros on first use)."""
+    n, shape = updates.shape[0], tuple(updates.shape[1:])
+    vshape = variance_shape(shape, group["flatten"])
+    for state in states:
+        if "variance" not in state:
+            state["variance"] = torch.zeros(vshape, dtype=updates.dtype, device=updates.device)
+    work_dtype = torch.promote_types(updates.dtype, torch.float32)
+    mats = as_matrices(updates, group["flatten"]).to(work_dtype)
+    v = torch.stack([s["variance"] for s in states]).to(work_dtype).reshape(mats.shape[0], mats.shape[1], 1)
+    v = torch.lerp(mats.square().mean(dim=-1, keepdim=True), v, group["beta2"])
+    normed = mats / (v.sqrt() + group["variance_eps"])
+    norm_o = mats.reshape(n, -1).norm(dim=1, keepdim=True)
+    norm_n = normed.reshape(n, -1).norm(dim=1, keepdim=True)
+    factor = torch.where(norm_n > 0, norm_o / norm_n.clamp_min(torch.finfo(work_dtype).tiny), 0.0)
+    for state, new in zip(states, v.reshape(n, *vshape).unbind(0)):
+        state["variance"].copy_(new)
+    return (normed.reshape(n, -1) * factor).reshape(updates.shape).to(updates.dtype)
+
