@@ -8,7 +8,7 @@ Classes: "well" and "ill" split at tolerance.ILL_CONDITIONED; rank-1 layers (1 x
 Ill-posed cases (skipped by the harness) are not counted. These figures back
 the `measured` column of harness/tolerance.py.
 
-  python benchmarks/measure_tolerances.py [--tier ci|nightly]
+  python benchmarks/measure_tolerances.py [--tier ci|nightly] [--select SUBSTRING]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from harness.targets.ours import target
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", default="nightly", choices=("ci", "nightly"))
+    parser.add_argument("--select", default="", help="only cases whose id contains this")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # rtol 0 leaves only the storage allowance, so (ratio - 1) / ratio * rel_err is the rtol a case needs.
@@ -39,7 +40,7 @@ def main() -> None:
         tolerance.POLICY[key] = tolerance.Entry(0.0, 0.0, "measuring", "")
     ours = target()
     errors: dict[tuple[str, str, str, str], list[tuple[float, str]]] = defaultdict(list)
-    cases = tier(args.tier)
+    cases = [c for c in tier(args.tier) if args.select in c.id]
     start = time.perf_counter()
     for n, case in enumerate(cases, 1):
         inputs = make_inputs(case)

@@ -35,7 +35,7 @@ ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd"}
 ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
-OPTIMIZERS = ("muon",)
+OPTIMIZERS = ("muon", "normuon")
 
 DTYPE_PAIRS = (("fp64", "fp64"), ("fp64", "fp32"), ("fp32", "fp32"), ("fp32", "bf16"),
                ("bf16", "fp32"), ("bf16", "bf16"))
@@ -44,6 +44,8 @@ precision or one step coarser, as implementations do (torch.optim.Muon: always b
 
 LR = 0.02
 MOMENTUM = 0.95
+BETA2 = 0.95
+"""NorMuon's row second-moment decay (Li et al., 2025 default)."""
 PARAM_SCALE = 0.02
 """Initial parameters are N(0, PARAM_SCALE^2): small enough that a bf16 parameter's
 rounding (relative 2^-9) stays a few percent of a Muon update of lr ~ 0.02."""

@@ -62,6 +62,10 @@ class Case:
         return axes.MOMENTUM
 
     @property
+    def beta2(self) -> float:
+        return axes.BETA2
+
+    @property
     def kind(self) -> str:
         """Layer kind: linear, conv1d, conv2d or conv3d."""
         return axes.all_layers()[self.layer][0]

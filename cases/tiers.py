@@ -56,6 +56,20 @@ def _hyper(layer: str) -> Iterator[Case]:
                    steps=steps, grad="gaussian")
 
 
+def _normuon(layers: list[str], dtypes: tuple[tuple[str, str], ...], seeds: range) -> Iterator[Case]:
+    """NorMuon: conv vs equivalent matrices (flatten both ways), every megabatch size, several
+    steps so the row variance accumulates, every lr mode, the given dtype pairs."""
+    cycle = itertools.count()
+    for layer, mb, (pd, cd), seed in itertools.product(layers, axes.MEGABATCH_SIZES, dtypes, seeds):
+        for flatten in _flatten_values(layer):
+            i = next(cycle)
+            yield Case(layer=layer, megabatch=mb, flatten=flatten, param_dtype=pd, compute_dtype=cd,
+                       orthogonalizer=("polar_express", "newton_schulz", "svd")[i % 3] if cd != "bf16"
+                       else ("polar_express", "newton_schulz")[i % 2],
+                       adjust_lr=axes.ADJUST_LR[i % 3], nesterov=bool(i % 2), weight_decay=(0.0, 0.1)[(i // 2) % 2],
+                       steps=3, grad=("gaussian", "lowrank", "gaussian", "zero")[i % 4], seed=seed, optimizer="normuon")
+
+
 def _unique(cases: Iterator[Case]) -> list[Case]:
     return list(dict.fromkeys(cases))
 
@@ -68,6 +82,7 @@ def ci_cases() -> list[Case]:
         _dtypes(["linear", "linear_tall", "conv2d", "conv3d"], (1, 3)),
         _gradients(["linear_tall", "conv2d"], (("fp32", "fp32"), ("bf16", "bf16"))),
         _hyper("conv2d"),
+        _normuon(["linear", "conv1d", "conv2d", "conv2d_k1", "conv3d"], (("fp32", "fp32"), ("bf16", "bf16")), range(1)),
     ))
 
 
@@ -81,6 +96,7 @@ def nightly_cases() -> list[Case]:
         _gradients(every, axes.DTYPE_PAIRS),
         _hyper("conv2d_big"),
         _hyper("conv1d"),
+        _normuon(every, axes.DTYPE_PAIRS, range(2)),
     ))
 
 

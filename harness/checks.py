@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -23,7 +23,8 @@ from harness import tolerance
 from harness.inputs import Inputs, f64
 from harness.metrics import Metrics, compare_step
 from harness.targets.base import Target
-from oracles import MuonHyper, reference_muon_step
+from oracles import (Conventions, MuonHyper, NorMuonHyper, initial_variance, reference_muon_step,
+                     reference_normuon_step)
 
 SCALE_FACTOR = 2.0**10
 """Power of two: scaling the gradients is exact in every floating format."""
@@ -80,16 +81,30 @@ def _message(metrics: Metrics, where: str, tol: tolerance.Tolerance) -> str:
             f"max_ulp {metrics.max_ulp:.3g}")
 
 
+def _oracle(case: Case, conv: Conventions) -> tuple[Any, Callable[[np.ndarray, Any, np.ndarray], tuple[np.ndarray, Any]]]:
+    """(initial state, step(x, state, g) -> (x, state)) of the FP64 reference of `case.optimizer`."""
+    args = (case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    if case.optimizer == "normuon":
+        nor = NorMuonHyper(*args, beta2=case.beta2)
+
+        def normuon_step(x: np.ndarray, state: Any, g: np.ndarray) -> tuple[np.ndarray, Any]:
+            x, m, v = reference_normuon_step(x, *state, g, nor, conv)
+            return x, (m, v)
+
+        return (np.zeros(case.shape), initial_variance(case.shape, case.flatten)), normuon_step
+    hyper = MuonHyper(*args)
+    return np.zeros(case.shape), lambda x, m, g: reference_muon_step(x, m, g, hyper, conv)
+
+
 def _reference_steps(case: Case, target: Target, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
                      traj: Trajectory) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
     """(where, x_prev, x_new, x_ref) per member and step: x_ref is the FP64 reference step from the
-    target's own previous parameter x_prev (re-seeded every step), momentum kept in FP64."""
-    conv = target.conventions(case)
-    hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    target's own previous parameter x_prev (re-seeded every step), optimizer state kept in FP64."""
+    initial, step = _oracle(case, target.conventions(case))
     for i, p0 in enumerate(params):
-        x_prev, m = f64(p0), np.zeros(case.shape)
+        x_prev, state = f64(p0), initial
         for k in range(case.steps):
-            x_ref, m = reference_muon_step(x_prev, m, f64(grads[k][i]), hyper, conv)
+            x_ref, state = step(x_prev, state, f64(grads[k][i]))
             x_new = f64(traj[k][i])
             yield f"member {i} step {k + 1}", x_prev, x_new, x_ref
             x_prev = x_new

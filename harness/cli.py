@@ -23,10 +23,12 @@ import torch
 
 from cases import TIERS
 from harness.runner import BACKENDS, run
+from harness.details import worst_details
 from harness.selection import select
 from harness.targets import DEFAULT, TargetError, load_target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_html,
                      render_markdown, render_trend_html, save_run, status_counts, write_csv)
+from reports.pictures import case_pictures
 from reports.store import project_commit
 
 
@@ -113,7 +115,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                    torch_version=torch.__version__, commit=project_commit())
     write_csv(records, args.out / "results.csv")
     save_run(records, info, args.out)
-    (args.out / "report.html").write_text(render_html(records, info))
+    pictures = {(d.case_id, d.check): case_pictures(d.where, d.error, d.sv_judged, d.sv_reference)
+                for d in worst_details(records, target)}
+    (args.out / "report.html").write_text(render_html(records, info, pictures))
     (args.out / "summary.md").write_text(render_markdown(records, info))
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]

@@ -88,24 +88,33 @@ POLICY: dict[tuple[str, str, str], Entry] = {
     ("fp32", "fp32", "polar_express"): Entry(2e-5, 5e-5, _F32, "5.2e-6 / 1.8e-5"),
     ("fp32", "fp32", "svd"): Entry(2e-6, 5e-5, "fp32 SVD; small singular gaps rotate vectors", "5.3e-7 / 1.3e-5"),
     ("fp32", "bf16", "newton_schulz"): Entry(0.1, 0.2, _B16C, "2.8e-2 / 7.3e-2"),
-    ("fp32", "bf16", "polar_express"): Entry(0.2, 0.5, _B16C + "; Polar Express's first step has larger "
+    ("fp32", "bf16", "polar_express"): Entry(0.2, 0.25, _B16C + "; Polar Express's first step has larger "
                                              "coefficients, so more cancellation", "9.5e-2 / 1.1e-1"),
     ("bf16", "fp32", "newton_schulz"): Entry(2e-3, 0.2, _B16P, "0 / 5.1e-2"),
     ("bf16", "fp32", "polar_express"): Entry(5e-3, 0.1, _B16P, "2.4e-3 / 4.3e-2"),
     ("bf16", "fp32", "svd"): Entry(2e-3, 0.1, _B16P, "0 / 3.6e-2"),
     ("bf16", "bf16", "newton_schulz"): Entry(5e-2, 0.2, _B16C + "; " + _B16P, "1.5e-2 / 7.7e-2"),
-    ("bf16", "bf16", "polar_express"): Entry(0.2, 0.5, _B16C + "; " + _B16P, "9.4e-2 / 9.6e-2"),
+    ("bf16", "bf16", "polar_express"): Entry(0.2, 0.25, _B16C + "; " + _B16P, "9.4e-2 / 9.6e-2"),
 }
 """Measured worst: the largest rtol a case needed (benchmarks/measure_tolerances.py, nightly tier,
 2813 cases, CPU, 2026-11-29), over well- / ill-conditioned gradient matrices (ILL_CONDITIONED).
-Each rtol is at least 2x its measured worst, rounded up to 1-2-5; the bf16-compute Polar Express
-ill rtols keep one more step of margin (0.5) for square matrices the tiers sample thinly."""
+Each rtol is at least 2x its measured worst, rounded up to 1-2-5 (0.25 where 0.5 would be loose
+enough to pass a layer-mixing bug, whose normwise error is ~0.7)."""
+
+def _normuon_bf16(case: Case, compute_dtype: str) -> bool:
+    rank_one = min(matrix_shape(case.shape, case.flatten)[1:]) == 1
+    return case.optimizer == "normuon" and "bf16" in (case.param_dtype, compute_dtype) and not rank_one
+
 
 OVERRIDES: tuple[Override, ...] = (
     Override(applies=_rank_one_polar_express_bf16, factor=3.0,
              reason="rank-1 matrix: its one normalised singular value sits at 1/1.01, where Polar Express's "
                     "first polynomial sums terms of ~20 to ~1.4, and bf16 keeps 8 bits",
              measured="2.6e-1 (fp32@bf16), 1.6e-1 (bf16@bf16)"),
+    Override(applies=_normuon_bf16, factor=2.0,
+             reason="NorMuon divides each row by sqrt(v) + eps and rescales, so a row whose bf16 rounding "
+                    "error is large relative to its own size carries that error into the whole update",
+             measured="1.3e-1 well / 1.1e-1 ill (bf16@bf16), 1.4e-1 well (fp32@bf16), 7.9e-2 ill (bf16@fp32)"),
 )
 
 

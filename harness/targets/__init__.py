@@ -15,6 +15,8 @@ ALIASES: dict[str, str] = {
     "control-layer-mixing": "harness.targets.controls:layer_mixing",
     "control-lr-last-two-dims": "harness.targets.controls:lr_last_two_dims",
     "control-stack-norm": "harness.targets.controls:stack_norm",
+    "control-normuon-kernel-slice": "harness.targets.controls:normuon_kernel_slice_variance",
+    "control-normuon-trailing-dims": "harness.targets.controls:normuon_trailing_dims_variance",
 }
 DEFAULT = "ours"
 

@@ -15,6 +15,7 @@ from cases import Case
 from harness.targets.ours import OursMuon
 from optimizers.coefficients import normaliser_scale, schedule
 from optimizers.matrix_view import as_matrices, lr_scale
+from optimizers.normuon import normalise_rows
 
 
 class _LayerMixingMuon(optimizers.Muon):
@@ -73,3 +74,37 @@ def lr_last_two_dims() -> Control:
 
 def stack_norm() -> Control:
     return Control("control-stack-norm", _StackNormMuon)
+
+
+class _KernelSliceVarianceNorMuon(optimizers.Muon):
+    """NorMuon whose variance buffer is shaped param[..., 0:1]: with flatten, a conv's rows are
+    normalised per kernel slice [out, in, kh] instead of per output channel."""
+
+    def _postprocess(self, updates: torch.Tensor, params: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
+        if group["algorithm"] != "normuon" or updates.ndim < 4:
+            return super()._postprocess(updates, params, group)
+        return normalise_rows(updates, [self.state[p] for p in params], {**group, "flatten": False})
+
+
+class _TrailingDimsVarianceNorMuon(optimizers.Muon):
+    """NorMuon that takes row statistics over the unflattened trailing dims (one value per
+    [out, in] pair, averaged over the kernel) while orthogonalizing the flattened matrix."""
+
+    def _postprocess(self, updates: torch.Tensor, params: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
+        if group["algorithm"] != "normuon" or updates.ndim < 4:
+            return super()._postprocess(updates, params, group)
+        n, out, rest = updates.shape[0], updates.shape[1], updates.shape[2:]
+        lead = updates.reshape(n, out, rest[0], -1)  # [N, out, in, prod(kernel)]: one "row" per (out, in)
+        states = [self.state[p] for p in params]
+        scratch = [{"variance": s.setdefault("variance_trailing", torch.zeros(out, rest[0], 1, dtype=updates.dtype))}
+                   for s in states]
+        out_rows = normalise_rows(lead, scratch, {**group, "flatten": False})
+        return out_rows.reshape(updates.shape)
+
+
+def normuon_kernel_slice_variance() -> Control:
+    return Control("control-normuon-kernel-slice", _KernelSliceVarianceNorMuon)
+
+
+def normuon_trailing_dims_variance() -> Control:
+    return Control("control-normuon-trailing-dims", _TrailingDimsVarianceNorMuon)

@@ -12,8 +12,8 @@ from oracles import Conventions, Orthogonalizer
 
 
 class OursMuon(OptimizerTarget):
-    """optimizers.Muon: sum momentum, Nesterov G + mu M, decay before the update with base lr,
-    fans from the matrix view, normaliser ||X|| * s + eps."""
+    """optimizers.Muon (NorMuon through its "normuon" algorithm): sum momentum, Nesterov G + mu M,
+    decay before the update with base lr, fans from the matrix view, normaliser ||X|| * s + eps."""
 
     name = "ours"
     exact_relations = True
@@ -29,8 +29,8 @@ class OursMuon(OptimizerTarget):
 
     def options(self, case: Case) -> dict:
         """Muon keyword arguments for `case` (shared with the negative controls)."""
-        return dict(lr=case.lr, momentum=case.momentum, nesterov=case.nesterov,
-                    weight_decay=case.weight_decay, flatten=case.flatten,
+        return dict(algorithm=case.optimizer, beta2=case.beta2, lr=case.lr, momentum=case.momentum,
+                    nesterov=case.nesterov, weight_decay=case.weight_decay, flatten=case.flatten,
                     adjust_lr=None if case.adjust_lr == "none" else case.adjust_lr,
                     orthogonalizer=case.orthogonalizer, compute_dtype=TORCH_DTYPES[case.compute_dtype])
 

@@ -30,6 +30,8 @@ class TorchMuon(OptimizerTarget):
         return f"torch.optim.Muon (torch {torch.__version__})"
 
     def unsupported(self, case: Case) -> str | None:
+        if case.optimizer != "muon":
+            return f"torch.optim.Muon implements Muon only (case: {case.optimizer})"
         if len(case.shape) != 2:
             return f"torch.optim.Muon supports 2-D parameters only (shape {case.shape_text})"
         if case.orthogonalizer != "newton_schulz":
