@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Mapping
 
 from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
 from reports.records import (
@@ -51,10 +52,15 @@ pre { white-space: pre-wrap; background: #f3f3f3; padding: 0.4rem; margin: 0.2re
 """
 
 
-def render_html(records: list[Record], info: RunInfo) -> str:
-    """The whole report as one self-contained HTML document (no external resources)."""
+def render_html(records: list[Record], info: RunInfo, pictures: Mapping[tuple[str, str], str] | None = None) -> str:
+    """The whole report as one self-contained HTML document (no external resources).
+
+    `pictures` maps (case id, check) to an HTML fragment (reports.pictures) shown in that
+    record's detail block; such records always get a detail block.
+    """
+    pictures = pictures or {}
     ordered = worst_first(records)
-    anchors = _anchors(ordered)
+    anchors = _anchors(ordered, pictures)
     body = "\n".join((
         _header(info),
         _summary(records),
@@ -63,7 +69,7 @@ def render_html(records: list[Record], info: RunInfo) -> str:
         _legend(),
         _filters(records),
         _table(ordered, anchors),
-        _details(ordered, anchors),
+        _details(ordered, anchors, pictures),
     ))
     return page(f"Muon conformance: {info.target}", _CSS, body)
 
@@ -80,9 +86,9 @@ def _full(value: object) -> str:
     return str(value)
 
 
-def _anchors(ordered: list[Record]) -> dict[int, str]:
-    """Detail anchor per position in `ordered`, for every non-passing record and the
-    `WORST_PASSING_DETAILS` first passing ones. Ids derive from case id + check; a
+def _anchors(ordered: list[Record], pictures: Mapping[tuple[str, str], str]) -> dict[int, str]:
+    """Detail anchor per position in `ordered`, for every non-passing record, every record
+    with a picture and the `WORST_PASSING_DETAILS` first passing ones. Ids derive from case id + check; a
     repeated id (same case and check on another backend, or equal after slugging)
     gets a numeric suffix so every id is unique."""
     anchors: dict[int, str] = {}
@@ -90,7 +96,7 @@ def _anchors(ordered: list[Record]) -> dict[int, str]:
     used: set[str] = set()
     passing = 0
     for i, r in enumerate(ordered):
-        if r.status == "pass":
+        if r.status == "pass" and (r.case_id, r.check) not in pictures:
             if passing == WORST_PASSING_DETAILS:
                 continue
             passing += 1
@@ -212,14 +218,15 @@ def _cell(record: Record, column: str, anchor: str | None) -> str:
     return f"<td>{text}</td>"
 
 
-def _details(ordered: list[Record], anchors: dict[int, str]) -> str:
+def _details(ordered: list[Record], anchors: dict[int, str], pictures: Mapping[tuple[str, str], str]) -> str:
     """One <details> block per anchored record, in worst-first order."""
-    blocks = "\n".join(_detail(ordered[i], anchor) for i, anchor in anchors.items())
+    blocks = "\n".join(_detail(ordered[i], anchor, pictures.get((ordered[i].case_id, ordered[i].check), ""))
+                       for i, anchor in anchors.items())
     return f'<h2>Case details</h2>\n<div id="details">\n{blocks}\n</div>'
 
 
-def _detail(record: Record, anchor: str) -> str:
-    """Every field of `record`; message and repro in their own preformatted blocks."""
+def _detail(record: Record, anchor: str, picture: str) -> str:
+    """Every field of `record`; message and repro in their own preformatted blocks; its picture."""
     rows = "".join(
         f"<tr><th>{label(c)}</th><td>{escape(_full(getattr(record, c)))}</td></tr>"
         for c in COLUMNS
@@ -232,5 +239,7 @@ def _detail(record: Record, anchor: str) -> str:
         f"<code>{escape(record.case_id)}</code> &middot; {escape(record.check)} &middot; ratio {ratio}</summary>"
         f'<table class="fields">{rows}</table>'
         f'<div>message</div><pre class="message">{escape(record.message)}</pre>'
-        f'<div>repro</div><pre><code class="repro">{escape(record.repro)}</code></pre></details>'
+        f'<div>repro</div><pre><code class="repro">{escape(record.repro)}</code></pre>'
+        + (f'<div class="pictures">{picture}</div>' if picture else "")
+        + "</details>"
     )
