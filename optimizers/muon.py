@@ -20,12 +20,12 @@ from typing import Any, Iterable
 
 import torch
 
-from optimizers import adamw, checkpoint
+from optimizers import adamw, checkpoint, distributed
 from optimizers.coefficients import DEFAULT_STEPS
 from optimizers.matrix_view import as_matrices, lr_scale
 from optimizers.normuon import normalise_rows
 from optimizers.orthogonalize import orthogonalize
-from optimizers.validation import check_grad, check_group
+from optimizers.validation import check_grad, check_group, check_layouts
 
 
 def default_compute_dtype(device: torch.device) -> torch.dtype:
@@ -46,7 +46,10 @@ class Muon(torch.optim.Optimizer):
       ns_steps: polynomial steps (default 5).
       compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere).
       eps: added to the Frobenius norm in the normaliser.
-      mesh: reserved for distributed layouts; only None is accepted in this version.
+      mesh: None (one process), or the ProcessGroup / 1-D DeviceMesh the parameters are distributed over:
+        plain tensors are replicated (DDP), DTensors sharded Shard(d) (FSDP2: d = 0) or replicated;
+        every whole matrix is orthogonalized once, on one rank (optimizers/distributed.py). Every rank
+        must step the same parameters (the same ones with gradients) in the same order.
       betas, adamw_eps: hyper-parameters of "adamw" groups.
       beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups (see normuon.py).
       algorithm: the default group algorithm, "muon", "normuon" or "adamw".
@@ -60,8 +63,7 @@ class Muon(torch.optim.Optimizer):
                  compute_dtype: torch.dtype | None = None, eps: float = 1e-7, mesh: Any = None,
                  betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8, beta2: float = 0.95,
                  variance_eps: float = 1e-8, algorithm: str = "muon") -> None:
-        if mesh is not None:
-            raise NotImplementedError("Muon(mesh=...): distributed layouts are not supported in this version")
+        self._group = distributed.process_group(mesh)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         adjust_lr=adjust_lr, flatten=flatten, orthogonalizer=orthogonalizer,
                         ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm=algorithm,
@@ -74,6 +76,8 @@ class Muon(torch.optim.Optimizer):
         params = merged["params"]
         merged["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
         check_group(len(self.param_groups), merged)
+        if merged["algorithm"] != "adamw":  # AdamW is elementwise: any DTensor layout steps as it is
+            check_layouts(f"param group {len(self.param_groups)}", merged["params"], self._group)
         super().add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
@@ -94,6 +98,8 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         for index, group in enumerate(self.param_groups):
             check_group(index, group)
+            if group["algorithm"] != "adamw":
+                check_layouts(f"param group {index}", group["params"], self._group)
             for p in group["params"]:
                 if p.grad is not None:
                     check_grad(f"param group {index}", p)
@@ -116,15 +122,32 @@ class Muon(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.mul_(mu).add_(p.grad)
             u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
-            buckets[(tuple(p.shape), p.dtype, p.device)].append((p, u))
-        for (shape, _, device), entries in buckets.items():
+            buckets[(tuple(p.shape), p.dtype, p.device, distributed.placements(p))].append((p, u))
+        first_owner = 0  # spreads the megabatches of a step over the ranks
+        for (shape, _, device, _), entries in buckets.items():
             params = [p for p, _ in entries]
-            updates = self._orthogonalized(torch.stack([u for _, u in entries]), group, device)
+            stack = torch.stack([distributed.local(u) for _, u in entries])
+            if self._group is None:
+                updates = self._orthogonalized(stack, group, device)
+            else:
+                layout = distributed.layout_of(params[0], self._group, first_owner)
+                updates = self._distributed_orthogonalized(stack, layout, group, device)
+                first_owner += len(entries)
             updates = self._postprocess(updates, params, group)
             scale = self._lr_scale(shape, group)
             for p, update in zip(params, updates.unbind(0)):
-                p.mul_(1.0 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"] * scale)
+                x = distributed.local(p)
+                x.mul_(1.0 - group["lr"] * group["weight_decay"])
+                x.add_(update, alpha=-group["lr"] * scale)
+
+    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: distributed.Layout, group: dict[str, Any],
+                                    device: torch.device) -> torch.Tensor:
+        """orth of a megabatch held as this rank's pieces [N, *piece] (whole members when replicated):
+        each whole member is assembled on its owner rank, orthogonalized there by `_orthogonalized`,
+        and this rank gets back its pieces of every result [N, *piece]."""
+        whole = distributed.assemble(pieces, layout)
+        done = self._orthogonalized(whole, group, device) if whole.shape[0] else whole
+        return distributed.scatter(done, layout, pieces.shape[0])
 
     def _postprocess(self, updates: torch.Tensor, params: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
         """Transform a megabatch's orthogonalized updates [N, *shape] before they are applied:

@@ -10,6 +10,8 @@ import math
 from typing import Any, Iterable
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from optimizers.matrix_view import ADJUST_LR
 from optimizers.orthogonalize import ORTHOGONALIZERS
@@ -84,7 +86,7 @@ def check_group(index: int, group: dict[str, Any]) -> None:
 
 
 def check_grad(where: str, p: torch.Tensor) -> None:
-    """A gradient Muon can use: dense, real, same shape as its parameter."""
+    """A gradient Muon can use: dense, real, same shape (and DTensor placements) as its parameter."""
     g = p.grad
     if g.is_sparse:
         raise TypeError(f"{where}: sparse gradients are not supported")
@@ -92,3 +94,33 @@ def check_grad(where: str, p: torch.Tensor) -> None:
         raise TypeError(f"{where}: complex gradients are not supported")
     if g.shape != p.shape:
         raise ValueError(f"{where}: gradient shape {tuple(g.shape)} != parameter shape {tuple(p.shape)}")
+    if isinstance(p, DTensor) and (not isinstance(g, DTensor) or tuple(g.placements) != tuple(p.placements)):
+        got = tuple(g.placements) if isinstance(g, DTensor) else "a plain tensor"
+        raise ValueError(f"{where}: gradient placements {got} != parameter placements {tuple(p.placements)}")
+
+
+def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    """Every parameter lies in a layout distributed Muon supports: a plain tensor (single process,
+    or replicated over `group`), or a DTensor on a 1-D mesh of `group`'s size placed Shard(d) or
+    Replicate(). A DTensor needs a group; 2-D meshes, Partial placements and parameters sharded
+    on two dims are rejected."""
+    for i, p in enumerate(params):
+        if not isinstance(p, DTensor):
+            continue
+        placements = tuple(p.placements)
+        if group is None:
+            raise ValueError(f"{where}: parameter {i} is a DTensor {placements}; pass Muon(mesh=...) "
+                             f"(its 1-D DeviceMesh or ProcessGroup) for distributed parameters")
+        sharded = sorted(pl.dim for pl in placements if isinstance(pl, Shard))
+        if len(sharded) > 1:
+            raise ValueError(f"{where}: parameter {i} of shape {tuple(p.shape)} is sharded on dims {sharded} "
+                             f"({placements}); only one sharded dim is supported")
+        if p.device_mesh.ndim != 1:
+            raise ValueError(f"{where}: parameter {i} lives on a {p.device_mesh.ndim}-D DeviceMesh "
+                             f"{tuple(p.device_mesh.shape)}; only 1-D meshes are supported")
+        (placement,) = placements
+        if type(placement) not in (Shard, Replicate):
+            raise ValueError(f"{where}: parameter {i} has placement {placement}; supported: Shard(d), Replicate()")
+        if p.device_mesh.size() != dist.get_world_size(group):
+            raise ValueError(f"{where}: parameter {i} lives on a mesh of {p.device_mesh.size()} ranks, "
+                             f"the optimizer's mesh has {dist.get_world_size(group)}")

@@ -53,7 +53,7 @@ def test_bad_parameters_raise_at_construction():
         Muon([torch.zeros(3, 3, dtype=torch.int64)])
     with pytest.raises(ValueError, match="algorithm"):
         Muon([{"params": params((3, 3)), "algorithm": "sgd"}])
-    with pytest.raises(NotImplementedError, match="mesh"):
+    with pytest.raises(TypeError, match="mesh"):
         Muon(params((3, 3)), mesh=object())
 
 
