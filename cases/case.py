@@ -8,6 +8,10 @@ case reproduces on its own: `python -m harness run --select <id>`.
   |    layer-shape    |   |    param@compute dtype        |        |     steps  gradient kind
   optimizer           |   flatten | noflat  adjust_lr      nesterov|plain
                       megabatch size   orthogonalizer (ns, pe, svd)   weight decay
+
+A distributed case appends its layout and world size (cases/layouts.py):
+
+  muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0/shard0/ws3
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cases import axes
+from cases import axes, layouts
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class Case:
     grad: str
     seed: int = 0
     optimizer: str = "muon"
+    layout: str = "single"
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         allowed = {"layer": tuple(axes.all_layers()), "param_dtype": axes.DTYPES,
@@ -52,6 +58,9 @@ class Case:
             raise ValueError(f"Case: megabatch, steps must be >= 1 and seed >= 0 ({self})")
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"Case.weight_decay={self.weight_decay!r} must be finite and >= 0")
+        why = layouts.invalid(self.layout, self.world_size)
+        if why:
+            raise ValueError(f"Case: {why}")
 
     @property
     def lr(self) -> float:
@@ -93,15 +102,22 @@ class Case:
             f"steps{self.steps}",
             self.grad,
             f"seed{self.seed}",
+            *layouts.id_tokens(self.layout, self.world_size),
         ])
+
+    @property
+    def layout_detail(self) -> str:
+        """The layout as reports show it: single, replicated, or shard<d>-even|uneven|empty."""
+        return layouts.detail(self.layout, self.world_size, self.shape)
 
     @classmethod
     def from_id(cls, case_id: str) -> "Case":
         """Parse an id made by `Case.id`; ValueError names the token that does not fit."""
         tokens = case_id.split("/")
-        if len(tokens) != 12:
-            raise ValueError(f"not a case id (expected 12 '/'-separated tokens, got {len(tokens)}): {case_id!r}")
-        opt, layer_shape, mb, flat, dtypes, orth, adjust, nest, wd, steps, grad, seed = tokens
+        if len(tokens) not in (12, 14):
+            raise ValueError(f"not a case id (expected 12 '/'-separated tokens, or 14 for a distributed case, "
+                             f"got {len(tokens)}): {case_id!r}")
+        opt, layer_shape, mb, flat, dtypes, orth, adjust, nest, wd, steps, grad, seed = tokens[:12]
         layer, _, shape_text = layer_shape.rpartition("-")
         orth_names = {v: k for k, v in axes.ORTH_TOKENS.items()}
         param_dtype, _, compute_dtype = dtypes.partition("@")
@@ -110,7 +126,8 @@ class Case:
                        param_dtype=param_dtype, compute_dtype=compute_dtype, orthogonalizer=orth_names[orth],
                        adjust_lr=adjust, nesterov={"nesterov": True, "plain": False}[nest],
                        weight_decay=float(wd.removeprefix("wd")), steps=int(steps.removeprefix("steps")),
-                       grad=grad, seed=int(seed.removeprefix("seed")), optimizer=opt)
+                       grad=grad, seed=int(seed.removeprefix("seed")), optimizer=opt,
+                       **layouts.parse_tokens(tokens[12:]))
         except (KeyError, ValueError) as exc:
             raise ValueError(f"not a case id: {case_id!r} ({exc})") from None
         if case.shape_text != shape_text or case.id != case_id:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator
 
-from cases import axes
+from cases import axes, layouts
 from cases.case import Case
 
 TIERS = ("ci", "nightly")
@@ -82,6 +82,7 @@ def ci_cases() -> list[Case]:
         _dtypes(["linear", "linear_tall", "conv2d", "conv3d"], (1, 3)),
         _gradients(["linear_tall", "conv2d"], (("fp32", "fp32"), ("bf16", "bf16"))),
         _hyper("conv2d"),
+        layouts.distributed_cases(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, range(1)),
         _normuon(["linear", "conv1d", "conv2d", "conv2d_k1", "conv3d"], (("fp32", "fp32"), ("bf16", "bf16")), range(1)),
     ))
 
@@ -96,6 +97,7 @@ def nightly_cases() -> list[Case]:
         _gradients(every, axes.DTYPE_PAIRS),
         _hyper("conv2d_big"),
         _hyper("conv1d"),
+        layouts.distributed_cases(tuple(every), layouts.NIGHTLY_WORLD_SIZES, range(2)),
         _normuon(every, axes.DTYPE_PAIRS, range(2)),
     ))
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from cases import TIERS
+from harness.backends import get as get_backend
+from harness.pool import TorchrunRanks, under_torchrun
 from harness.runner import BACKENDS, run
 from harness.details import worst_details
 from harness.selection import select
@@ -90,6 +92,16 @@ def _backends(text: str) -> list[str]:
     return names
 
 
+def _torchrun_ranks(names: list[str]) -> TorchrunRanks | None:
+    """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise."""
+    if not under_torchrun():
+        return None
+    distributed = [n for n in names if get_backend(n).distributed]
+    if len(distributed) != 1:
+        raise UsageError(f"under torchrun name exactly one distributed backend (gloo or nccl); got {','.join(names)}")
+    return TorchrunRanks(distributed[0])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     backends = _backends(args.backend)
     try:
@@ -99,8 +111,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     cases = select(args.tier, args.select)
     if not cases:
         raise UsageError(f"no case of tier {args.tier!r} matches --select {args.select}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    progress = None if args.quiet else sys.stderr
+    ranks = _torchrun_ranks(backends)
+    driver = ranks is None or ranks.is_driver
+    if driver:
+        args.out.mkdir(parents=True, exist_ok=True)
+    progress = None if args.quiet or not driver else sys.stderr
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if progress:
@@ -108,7 +123,13 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"backends {','.join(backends)}", file=progress)
     records = []
     for backend in backends:
-        records += run(cases, target, args.target, backend, progress)
+        if progress:
+            print(f"backend {backend}:", file=progress)
+        records += run(cases, target, args.target, backend, progress, ranks)
+    if ranks is not None:
+        ranks.close()
+        if not driver:
+            return 0
     info = RunInfo(target=f"{target.name} [{args.target}] {target.version()}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,

@@ -1,4 +1,9 @@
-"""Runs cases against a target and turns every check into a `Record`."""
+"""Runs cases against a target and turns every check into a `Record`.
+
+Single-process cases run here (cpu or cuda backend); distributed cases run on a pool of
+ranks (gloo or nccl, harness/pool.py), or on the ranks of torchrun, and are judged here
+from the pieces the ranks send back (harness/distributed_checks.py).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,20 @@ import shlex
 import sys
 import time
 import traceback
-from typing import Iterable, TextIO
+from typing import Callable, Iterable, TextIO
 
 import torch
 
 from cases import Case
-from harness.checks import CHECKS, applicable
+from harness import backends, distributed_checks
+from harness.backends import Backend
+from harness.checks import CHECKS, Outcome, applicable
 from harness.inputs import make_inputs
+from harness.pool import TorchrunRanks, pools
 from harness.targets.base import Target
 from reports import Record
 
-BACKENDS = ("cpu",)
+BACKENDS = tuple(backends.BACKENDS)
 
 
 def repro_command(case: Case, target_spec: str, backend: str) -> str:
@@ -27,35 +35,21 @@ def repro_command(case: Case, target_spec: str, backend: str) -> str:
 
 def _record(case: Case, target: Target, check: str, status: str, backend: str, repro: str,
             seconds: float, **fields: object) -> Record:
-    return Record(case_id=case.id, check=check, target=target.name, backend=backend, world_size=1,
-                  layout="single", optimizer=case.optimizer, layer=case.kind, shape=case.shape_text,
+    return Record(case_id=case.id, check=check, target=target.name, backend=backend, world_size=case.world_size,
+                  layout=case.layout_detail, optimizer=case.optimizer, layer=case.kind, shape=case.shape_text,
                   megabatch=case.megabatch, flatten=case.flatten, param_dtype=case.param_dtype,
                   compute_dtype=case.compute_dtype, orthogonalizer=case.orthogonalizer, status=status,
                   repro=repro, seconds=seconds, **fields)
 
 
-def run_case(case: Case, target: Target, target_spec: str, backend: str = "cpu") -> list[Record]:
-    """Every applicable check of `case` on `target`: pass/fail, or unsupported, or error."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; available: {BACKENDS}")
-    repro = repro_command(case, target_spec, backend)
-    names = applicable(case)
-    reason = target.unsupported(case)
-    if reason is not None:
-        return [_record(case, target, n, "unsupported", backend, repro, 0.0, message=reason) for n in names]
-    start = time.perf_counter()
-    try:
-        inputs = make_inputs(case)
-        trajectory = target.run(inputs.params, inputs.grads, case)
-    except Exception:
-        message = "target raised: " + traceback.format_exc(limit=4)
-        return [_record(case, target, n, "error", backend, repro, time.perf_counter() - start, message=message)
-                for n in names]
+def _judge(case: Case, target: Target, backend: str, repro: str,
+           checks: dict[str, Callable[[], Outcome]]) -> list[Record]:
+    """Run each check; a check that raises is an error record with its traceback."""
     records = []
-    for name in names:
+    for name, check in checks.items():
         t0 = time.perf_counter()
         try:
-            out = CHECKS[name](case, target, inputs, trajectory)
+            out = check()
         except Exception:
             records.append(_record(case, target, name, "error", backend, repro, time.perf_counter() - t0,
                                    message="check raised: " + traceback.format_exc(limit=4)))
@@ -70,16 +64,79 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str = "cpu")
     return records
 
 
+def _run_distributed(case: Case, target: Target, target_spec: str, backend: Backend, repro: str,
+                     names: list[str], ranks: TorchrunRanks | None) -> list[Record]:
+    """Run `case` on its ranks (a spawned pool, or torchrun's), then judge the pieces they sent back.
+    Under torchrun only rank 0 gets records."""
+    start = time.perf_counter()
+    args = (distributed_checks.rank_trajectory, case.id, target_spec)
+    result = pools().run(backend.name, case.world_size, *args) if ranks is None else ranks.run(case.world_size, *args)
+    if result is None:
+        return []
+    if not result.ok:
+        message = (f"{len(result.failures)} of {case.world_size} {backend.name} ranks failed; every rank's "
+                   f"traceback:\n{result.describe()}")
+        return [_record(case, target, n, "error", backend.name, repro, time.perf_counter() - start, message=message)
+                for n in names]
+    inputs, pieces = make_inputs(case), result.values
+    return _judge(case, target, backend.name, repro,
+                  {n: (lambda n=n: distributed_checks.CHECKS[n](case, target, inputs, pieces)) for n in names})
+
+
+def run_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
+             ranks: TorchrunRanks | None = None) -> list[Record]:
+    """Every applicable check of `case` on `target`: pass/fail, or unsupported, skipped (with the
+    reason), or error. `backend` defaults to the case's own: cpu, or gloo for a distributed case.
+    Under torchrun (`ranks`) every rank calls this in the same order; only rank 0 gets records."""
+    chosen = backends.get(backend) if backend is not None else backends.natural(case)
+    repro = repro_command(case, target_spec, chosen.name)
+    distributed = case.layout != "single"
+    names = distributed_checks.applicable(case) if distributed else applicable(case)
+    driver = ranks is None or ranks.is_driver
+
+    def every(status: str, message: str) -> list[Record]:
+        return [_record(case, target, n, status, chosen.name, repro, 0.0, message=message) for n in names] if driver else []
+
+    if not chosen.accepts(case):
+        kind = "distributed" if chosen.distributed else "single-process"
+        return every("skipped", f"backend {chosen.name} runs {kind} cases; this case is {case.layout_detail}")
+    reason = distributed_checks.unsupported(target, case) if distributed else target.unsupported(case)
+    if reason is not None:
+        return every("unsupported", reason)
+    why = chosen.unavailable(case, ranks.world_size if ranks is not None else None)
+    if why is not None:
+        return every("skipped", why)
+    target = backends.judged_as(target, chosen)
+    if distributed:
+        return _run_distributed(case, target, target_spec, chosen, repro, names, ranks)
+    if not driver:
+        return []
+    start = time.perf_counter()
+    try:
+        inputs = backends.on_device(make_inputs(case), chosen.device())
+        trajectory = target.run(inputs.params, inputs.grads, case)
+    except Exception:
+        message = "target raised: " + traceback.format_exc(limit=4)
+        return [_record(case, target, n, "error", chosen.name, repro, time.perf_counter() - start, message=message)
+                for n in names]
+    return _judge(case, target, chosen.name, repro,
+                  {n: (lambda n=n: CHECKS[n](case, target, inputs, trajectory)) for n in names})
+
+
 def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = "cpu",
-        progress: TextIO | None = sys.stderr) -> list[Record]:
-    """Run all `cases`; prints one line per failing case and a progress line every ~5%."""
-    cases = list(cases)
+        progress: TextIO | None = sys.stderr, ranks: TorchrunRanks | None = None) -> list[Record]:
+    """Run the `cases` that `backend` accepts (single-process or distributed); prints one line per
+    failing case and a progress line every ~5%. Under torchrun only rank 0 prints and gets records."""
+    chosen = backends.get(backend)
+    cases = [c for c in cases if chosen.accepts(c)]
+    if ranks is not None and not ranks.is_driver:
+        progress = None
     torch.set_num_threads(1)  # deterministic kernels; parallelism comes from processes
     records: list[Record] = []
     every = max(1, len(cases) // 20)
     start = time.perf_counter()
     for n, case in enumerate(cases, 1):
-        got = run_case(case, target, target_spec, backend)
+        got = run_case(case, target, target_spec, backend, ranks)
         records.extend(got)
         if progress is None:
             continue

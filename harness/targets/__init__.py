@@ -17,6 +17,10 @@ ALIASES: dict[str, str] = {
     "control-stack-norm": "harness.targets.controls:stack_norm",
     "control-normuon-kernel-slice": "harness.targets.controls:normuon_kernel_slice_variance",
     "control-normuon-trailing-dims": "harness.targets.controls:normuon_trailing_dims_variance",
+    "control-local-shard": "harness.targets.distributed_controls:local_shard",
+    "control-padding-leak": "harness.targets.distributed_controls:padding_leak",
+    "control-wrong-params": "harness.targets.distributed_controls:wrong_params",
+    "control-no-gather": "harness.targets.distributed_controls:no_gather",
 }
 DEFAULT = "ours"
 

@@ -1,0 +1,173 @@
+"""Distributed cases: what each rank runs, and the checks the parent judges from what came back.
+
+Every rank rebuilds the case's inputs (deterministic), lays the parameters and gradients
+out as the case says (whole, or its torch.chunk piece as a DTensor Shard(d)), steps them
+with the target's distributed optimizer and returns its own piece of every member after
+every step. The parent gathers the pieces (concatenated along d) and judges:
+
+  reference    gathered parameters vs the FP64 reference step, re-seeded every step from the
+               gathered previous parameter (harness.checks.reference, unchanged)
+  local_shard  the same-sharding reference: each rank's own piece vs the same piece of that
+               reference step, so an error confined to one shard cannot hide in the whole's norm
+  layout       layout invariance: the gathered run vs the single-process run of the same case
+               on the same target (bitwise when the target's relations are exact and all is fp64)
+  replicas     replicated layout: every rank's parameters are bitwise those of rank 0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.tensor import DTensor, Shard
+
+import optimizers
+from cases import Case
+from cases.layouts import piece_sizes, shard_dim
+from harness import checks, tolerance
+from harness.checks import Outcome, Trajectory
+from harness.inputs import Inputs, f64, make_inputs
+from harness.metrics import compare_step
+from harness.pool import RankContext
+from harness.targets import load_target
+from harness.targets.base import Target
+from harness.targets.ours import OursMuon
+
+Pieces = list[Trajectory]
+"""pieces[r][k][i]: rank r's piece of member i after step k."""
+
+Maker = Callable[[list[torch.nn.Parameter], Case, Any], torch.optim.Optimizer]
+
+REPLICAS = tolerance.Tolerance(0.0, 0.0, "replicas: every rank must hold bitwise the parameters of rank 0")
+
+
+def distributed_maker(target: Target) -> Maker | None:
+    """How `target` builds an optimizer over distributed parameters, given the 1-D DeviceMesh:
+    its own `make_distributed(params, case, mesh)`, or for this project's Muon adapters (and their
+    controls) their optimizer class with `mesh=`; None if the target has no distributed adapter."""
+    make = getattr(target, "make_distributed", None)
+    if make is not None:
+        return make
+    if isinstance(target, OursMuon):
+        cls = getattr(target, "optimizer_class", optimizers.Muon)
+        return lambda params, case, mesh: cls(params, **target.options(case), mesh=mesh)
+    return None
+
+
+def unsupported(target: Target, case: Case) -> str | None:
+    """Why `target` cannot run the distributed `case`, or None."""
+    if distributed_maker(target) is None:
+        return f"target {target.name} has no distributed adapter (a make_distributed(params, case, mesh) method)"
+    return target.unsupported(case)
+
+
+def applicable(case: Case) -> list[str]:
+    """Checks of a distributed case, in the order they run."""
+    return ["reference", "local_shard", "layout"] + (["replicas"] if case.layout == "replicated" else [])
+
+
+def _offsets(case: Case) -> list[int]:
+    dim = shard_dim(case.layout)
+    assert dim is not None
+    return [0, *np.cumsum(piece_sizes(case.shape[dim], case.world_size)).tolist()]
+
+
+def _place(full: torch.Tensor, case: Case, ctx: RankContext) -> torch.Tensor:
+    """This rank's copy of `full`: itself (replicated), or its piece as a DTensor Shard(d)."""
+    full = full.to(ctx.device)
+    dim = shard_dim(case.layout)
+    if dim is None:
+        return full.clone()
+    offsets = _offsets(case)
+    piece = full.narrow(dim, offsets[ctx.rank], offsets[ctx.rank + 1] - offsets[ctx.rank]).clone()
+    return DTensor.from_local(piece, ctx.mesh, [Shard(dim)], run_check=False, shape=full.shape, stride=full.stride())
+
+
+def rank_trajectory(ctx: RankContext, case_id: str, target_spec: str) -> Trajectory:
+    """Rank side: step the case's parameters, laid out as the case says, with the target's
+    distributed optimizer; returns this rank's piece of every member after every step (CPU)."""
+    case = Case.from_id(case_id)
+    if target_spec not in ctx.cache:
+        ctx.cache[target_spec] = load_target(target_spec)
+    target = ctx.cache[target_spec]
+    inputs = make_inputs(case)
+    params = [torch.nn.Parameter(_place(p, case, ctx)) for p in inputs.params]
+    maker = distributed_maker(target)
+    assert maker is not None, "unsupported targets never reach the ranks"
+    optimizer = maker(params, case, ctx.mesh)
+    trajectory = []
+    for step_grads in inputs.grads:
+        for p, g in zip(params, step_grads):
+            p.grad = _place(g, case, ctx)
+        optimizer.step()
+        trajectory.append([(p.to_local() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
+                           for p in params])
+    return trajectory
+
+
+def gather(case: Case, pieces: Pieces) -> Trajectory:
+    """The whole parameters: rank 0's copy when replicated, else the pieces concatenated along d."""
+    dim = shard_dim(case.layout)
+    if dim is None:
+        return pieces[0]
+    return [[torch.cat([rank[k][i] for rank in pieces], dim=dim) for i in range(case.megabatch)]
+            for k in range(case.steps)]
+
+
+def reference(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
+    return checks.reference(case, target, inputs, gather(case, pieces))
+
+
+def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
+    """Each rank's piece vs the same piece of the FP64 reference step (empty pieces hold nothing to judge)."""
+    why = tolerance.ill_posed(case, inputs.condition)
+    if why:
+        return Outcome("local_shard", checks._NO_METRICS, None, why, skipped=True)
+    tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
+    dim = shard_dim(case.layout)
+    offsets = _offsets(case) if dim is not None else [0] * (case.world_size + 1)
+    steps = list(checks._reference_steps(case, target, inputs.params, inputs.grads, gather(case, pieces)))
+    pairs = []
+    for r, rank in enumerate(pieces):
+        index = [slice(None)] * len(case.shape)
+        if dim is not None:
+            index[dim] = slice(offsets[r], offsets[r + 1])
+        for n, (where, x_prev, _, x_ref) in enumerate(steps):
+            i, k = divmod(n, case.steps)
+            mine = f64(rank[k][i])
+            if mine.size:
+                pairs.append((compare_step(x_prev[tuple(index)], mine, x_ref[tuple(index)], case.param_dtype,
+                                           tol.rtol, tol.storage_ulps), f"rank {r} {where}"))
+    metrics, where = checks._worst(pairs)
+    return Outcome("local_shard", metrics, tol, checks._message(metrics, where, tol))
+
+
+def layout(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
+    """Layout invariance: the gathered run against the target's single-process run of the same inputs."""
+    single = target.run(inputs.params, inputs.grads, case)
+    out = checks._relation("layout", case, target, inputs, gather(case, pieces), single)
+    return Outcome("layout", out.metrics, out.tolerance,
+                   f"{case.layout_detail} on {case.world_size} ranks vs one process: {out.message}")
+
+
+def replicas(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
+    """Every rank's replicated parameters bitwise equal rank 0's, member by member, step by step."""
+    pairs = []
+    for r in range(1, case.world_size):
+        for k in range(case.steps):
+            for i in range(case.megabatch):
+                prev = f64(pieces[0][k - 1][i] if k else inputs.params[i])
+                pairs.append((compare_step(prev, f64(pieces[r][k][i]), f64(pieces[0][k][i]), case.param_dtype,
+                                           0.0, 0.0), f"rank {r} vs rank 0, member {i} step {k + 1}"))
+    metrics, where = checks._worst(pairs)
+    verdict = "bitwise identical" if metrics.ratio == 0 else f"DIFFER (worst at {where}, max_abs {metrics.max_abs:.3g})"
+    return Outcome("replicas", metrics, REPLICAS, f"{case.world_size} replicas {verdict}")
+
+
+CHECKS: dict[str, Callable[[Case, Target, Inputs, Pieces], Outcome]] = {
+    "reference": reference, "local_shard": local_shard, "layout": layout, "replicas": replicas,
+}
+
+__all__ = ["CHECKS", "Pieces", "applicable", "distributed_maker", "gather", "rank_trajectory", "unsupported"]
