@@ -18,10 +18,11 @@ from reports.records import STATUSES, Record, RunInfo, format_metric, group_by, 
 def render_markdown(
     records: list[Record], info: RunInfo, *, max_rows: int = 20, artifact: str = "report.html"
 ) -> str:
-    """The summary: FAILED if any record is fail/error, else PASSED; no links."""
+    """The summary: FAILED if any record is fail/error, NOTHING CHECKED if no record passed
+    either (all unsupported or skipped), else PASSED; no links."""
     ordered = worst_first(records)
     failing = [r for r in ordered if r.failing]
-    verdict = "FAILED" if failing else "PASSED"
+    verdict = "FAILED" if failing else "PASSED" if any(r.status == "pass" for r in records) else "NOTHING CHECKED"
     parts = (
         f"# {verdict}: Muon conformance of {cell_text(info.target)} ({cell_text(info.tier)} tier)",
         _context(info),

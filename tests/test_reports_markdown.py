@@ -120,3 +120,14 @@ def test_summary_stays_small_for_100k_records() -> None:
     text = render_markdown(records, INFO)
     assert len(text.encode()) < 64 * 1024
     assert len(table_rows(text, "| status | case id")) == 20
+
+
+def test_a_run_where_nothing_ran_is_not_reported_as_passed():
+    from reports.records import Record, RunInfo
+    from reports import render_markdown
+    info = RunInfo(target="t", tier="ci", backends="nccl", command="c", started="s", seconds=1.0, torch_version="x")
+    skipped = Record(case_id="muon/x", check="reference", target="t", backend="nccl", world_size=2, layout="shard0",
+                     optimizer="muon", layer="linear", shape="4x4", megabatch=1, flatten=False, param_dtype="fp32",
+                     compute_dtype="fp32", orthogonalizer="svd", status="skipped", message="no GPU")
+    text = render_markdown([skipped], info)
+    assert text.startswith("# NOTHING CHECKED") and "PASSED" not in text
