@@ -70,6 +70,18 @@ def _normuon(layers: list[str], dtypes: tuple[tuple[str, str], ...], seeds: rang
                        steps=3, grad=("gaussian", "lowrank", "gaussian", "zero")[i % 4], seed=seed, optimizer="normuon")
 
 
+def _normuon_distributed(layers: tuple[str, ...], world_sizes: tuple[int, ...], seeds: range) -> Iterator[Case]:
+    """NorMuon replicated and row-sharded (Shard(0): even, uneven, empty rows); column shards are
+    refused by NorMuon, so they are no case."""
+    cycle = itertools.count()
+    for layer, layout, ws, seed in itertools.product(layers, ("replicated", "shard0"), world_sizes, seeds):
+        i = next(cycle)
+        yield Case(layer=layer, megabatch=(2, 3)[i % 2], flatten=len(axes.all_layers()[layer][1]) > 2,
+                   param_dtype="fp32", compute_dtype="fp32", orthogonalizer=("polar_express", "newton_schulz")[i % 2],
+                   adjust_lr=axes.ADJUST_LR[i % 3], nesterov=bool(i % 2), weight_decay=0.1, steps=3, grad="gaussian",
+                   seed=seed, optimizer="normuon", layout=layout, world_size=ws)
+
+
 def _unique(cases: Iterator[Case]) -> list[Case]:
     return list(dict.fromkeys(cases))
 
@@ -84,6 +96,7 @@ def ci_cases() -> list[Case]:
         _hyper("conv2d"),
         layouts.distributed_cases(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, range(1)),
         _normuon(["linear", "conv1d", "conv2d", "conv2d_k1", "conv3d"], (("fp32", "fp32"), ("bf16", "bf16")), range(1)),
+        _normuon_distributed(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, range(1)),
     ))
 
 
@@ -99,6 +112,7 @@ def nightly_cases() -> list[Case]:
         _hyper("conv1d"),
         layouts.distributed_cases(tuple(every), layouts.NIGHTLY_WORLD_SIZES, range(2)),
         _normuon(every, axes.DTYPE_PAIRS, range(2)),
+        _normuon_distributed(tuple(every), layouts.NIGHTLY_WORLD_SIZES, range(2)),
     ))
 
 

@@ -19,6 +19,7 @@ import torch
 
 from cases import Case
 from cases.axes import DEGENERATE_GRADIENTS
+from cases.layouts import piece_sizes, shard_dim
 from harness import tolerance
 from harness.inputs import Inputs, f64
 from harness.metrics import Metrics, compare_step
@@ -86,9 +87,11 @@ def _oracle(case: Case, conv: Conventions) -> tuple[Any, Callable[[np.ndarray, A
     args = (case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
     if case.optimizer == "normuon":
         nor = NorMuonHyper(*args, beta2=case.beta2)
+        # Under Shard(0) each rank restores the norm of its own rows: the same-sharding reference.
+        blocks = piece_sizes(case.shape[0], case.world_size) if shard_dim(case.layout) == 0 else None
 
         def normuon_step(x: np.ndarray, state: Any, g: np.ndarray) -> tuple[np.ndarray, Any]:
-            x, m, v = reference_normuon_step(x, *state, g, nor, conv)
+            x, m, v = reference_normuon_step(x, *state, g, nor, conv, blocks)
             return x, (m, v)
 
         return (np.zeros(case.shape), initial_variance(case.shape, case.flatten)), normuon_step

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import zeros as distributed_zeros
 
 
 def process_group(mesh: Any) -> dist.ProcessGroup | None:
@@ -70,6 +71,14 @@ def placements(p: torch.Tensor) -> tuple:
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's data of `t`: the local shard of a DTensor (aliasing it), `t` itself otherwise."""
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def zeros_placed_like(p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Zeros of global `shape` (same rank as `p`, dim 0 equal) placed as `p` is: a DTensor on `p`'s
+    mesh and placements when `p` is one, so a Shard(0) piece holds the rows of `p`'s piece."""
+    if not isinstance(p, DTensor):
+        return torch.zeros(shape, dtype=p.dtype, device=p.device)
+    return distributed_zeros(shape, device_mesh=p.device_mesh, placements=p.placements, dtype=p.dtype)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch
 from optimizers import adamw, checkpoint, distributed
 from optimizers.coefficients import DEFAULT_STEPS
 from optimizers.matrix_view import as_matrices, lr_scale
-from optimizers.normuon import normalise_rows
+from optimizers.normuon import normalise_rows, variance_shape
 from optimizers.orthogonalize import orthogonalize
 from optimizers.validation import check_grad, check_group, check_layouts
 
@@ -77,7 +77,8 @@ class Muon(torch.optim.Optimizer):
         merged["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
         check_group(len(self.param_groups), merged)
         if merged["algorithm"] != "adamw":  # AdamW is elementwise: any DTensor layout steps as it is
-            check_layouts(f"param group {len(self.param_groups)}", merged["params"], self._group)
+            check_layouts(f"param group {len(self.param_groups)}", merged["params"], self._group,
+                          merged["algorithm"])
         super().add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
@@ -99,7 +100,7 @@ class Muon(torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             check_group(index, group)
             if group["algorithm"] != "adamw":
-                check_layouts(f"param group {index}", group["params"], self._group)
+                check_layouts(f"param group {index}", group["params"], self._group, group["algorithm"])
             for p in group["params"]:
                 if p.grad is not None:
                     check_grad(f"param group {index}", p)
@@ -154,7 +155,15 @@ class Muon(torch.optim.Optimizer):
         identity for "muon" groups, row normalisation for "normuon" groups."""
         if group["algorithm"] != "normuon":
             return updates
-        return normalise_rows(updates, [self.state[p] for p in params], group)
+        return normalise_rows(updates, [self._variance(p, group) for p in params], group)
+
+    def _variance(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """This rank's part of `p`'s NorMuon variance buffer, created as zeros at parameter rank and
+        with `p`'s placement (a DTensor Shard(0) for a row-sharded parameter)."""
+        state = self.state[p]
+        if "variance" not in state:
+            state["variance"] = distributed.zeros_placed_like(p, variance_shape(tuple(p.shape), group["flatten"]))
+        return distributed.local(state["variance"])
 
     def _lr_scale(self, shape: tuple[int, ...], group: dict[str, Any]) -> float:
         """lr multiplier of a parameter of `shape` in `group`."""

@@ -30,23 +30,21 @@ def variance_shape(shape: tuple[int, ...], flatten: bool) -> tuple[int, ...]:
     return tuple(shape[:-1]) + (1,)
 
 
-def normalise_rows(updates: torch.Tensor, states: list[dict[str, Any]], group: dict[str, Any]) -> torch.Tensor:
-    """NorMuon's normalisation of a megabatch's orthogonalized updates [N, *shape]; updates each
-    state's "variance" in place (created as zeros on first use)."""
-    n, shape = updates.shape[0], tuple(updates.shape[1:])
-    vshape = variance_shape(shape, group["flatten"])
-    for state in states:
-        if "variance" not in state:
-            state["variance"] = torch.zeros(vshape, dtype=updates.dtype, device=updates.device)
+def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
+    """NorMuon's normalisation of a megabatch's orthogonalized updates [N, *shape], given each
+    member's variance buffer (updated in place). Under row sharding `updates` and `variances`
+    are this rank's rows, and the norm restore is over them: shard-local by design."""
+    n = updates.shape[0]
+    if updates.numel() == 0:  # an empty row shard, or an empty megabatch: no rows to normalise
+        return updates
     work_dtype = torch.promote_types(updates.dtype, torch.float32)
     mats = as_matrices(updates, group["flatten"]).to(work_dtype)
-    v = torch.stack([s["variance"] for s in states]).to(work_dtype).reshape(mats.shape[0], mats.shape[1], 1)
+    v = torch.stack(variances).to(work_dtype).reshape(mats.shape[0], mats.shape[1], 1)
     v = torch.lerp(mats.square().mean(dim=-1, keepdim=True), v, group["beta2"])
     normed = mats / (v.sqrt() + group["variance_eps"])
     norm_o = mats.reshape(n, -1).norm(dim=1, keepdim=True)
     norm_n = normed.reshape(n, -1).norm(dim=1, keepdim=True)
     factor = torch.where(norm_n > 0, norm_o / norm_n.clamp_min(torch.finfo(work_dtype).tiny), 0.0)
-    for state, new in zip(states, v.reshape(n, *vshape).unbind(0)):
-        state["variance"].copy_(new)
+    for buffer, new in zip(variances, v.reshape(n, *variances[0].shape).unbind(0)):
+        buffer.copy_(new)
     return (normed.reshape(n, -1) * factor).reshape(updates.shape).to(updates.dtype)
-

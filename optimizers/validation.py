@@ -99,11 +99,13 @@ def check_grad(where: str, p: torch.Tensor) -> None:
         raise ValueError(f"{where}: gradient placements {got} != parameter placements {tuple(p.placements)}")
 
 
-def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None,
+                  algorithm: str = "muon") -> None:
     """Every parameter lies in a layout distributed Muon supports: a plain tensor (single process,
     or replicated over `group`), or a DTensor on a 1-D mesh of `group`'s size placed Shard(d) or
     Replicate(). A DTensor needs a group; 2-D meshes, Partial placements and parameters sharded
-    on two dims are rejected."""
+    on two dims are rejected, and so is a "normuon" parameter sharded on a dim other than 0: its
+    rows (output channels) would be split, and row statistics need whole rows."""
     for i, p in enumerate(params):
         if not isinstance(p, DTensor):
             continue
@@ -121,6 +123,10 @@ def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.Proces
         (placement,) = placements
         if type(placement) not in (Shard, Replicate):
             raise ValueError(f"{where}: parameter {i} has placement {placement}; supported: Shard(d), Replicate()")
+        if algorithm == "normuon" and sharded and sharded[0] != 0:
+            raise ValueError(f"{where}: NorMuon parameter {i} of shape {tuple(p.shape)} is sharded on dim "
+                             f"{sharded[0]}; NorMuon needs whole output-channel rows: shard on dim 0 (FSDP2's "
+                             f"Shard(0)) or replicate it")
         if p.device_mesh.size() != dist.get_world_size(group):
             raise ValueError(f"{where}: parameter {i} lives on a mesh of {p.device_mesh.size()} ranks, "
                              f"the optimizer's mesh has {dist.get_world_size(group)}")

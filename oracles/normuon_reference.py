@@ -6,6 +6,7 @@ After Muon's orthogonalization O of each matrix [m, n] of the parameter's matrix
   v <- beta2 v + (1 - beta2) mean_row(O^2)      one value per row (output channel)
   N = O / (sqrt(v) + eps)                         rows normalised
   N <- N * ||O||_F / ||N||_F                      Frobenius norm of the whole parameter restored
+                                                  (of each rank's rows, under a Shard(0) layout)
   X <- X (1 - lr_wd wd);  X <- X - lr scale N     Muon's lr scale and decoupled decay (declared order)
 
 `v` is kept as [B, m]: B matrices of the view, m rows each.
@@ -35,19 +36,28 @@ def initial_variance(shape: tuple[int, ...], flatten: bool) -> np.ndarray:
     return np.zeros((b, m))
 
 
-def normalise_rows(o: np.ndarray, v: np.ndarray, hyper: NorMuonHyper) -> tuple[np.ndarray, np.ndarray]:
-    """(row-normalised, norm-restored update in o's shape, new v [B, m]) for orthogonalized `o`."""
+def normalise_rows(o: np.ndarray, v: np.ndarray, hyper: NorMuonHyper,
+                   row_blocks: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(row-normalised, norm-restored update in o's shape, new v [B, m]) for orthogonalized `o`.
+
+    row_blocks: sizes of consecutive blocks along the parameter's dim 0 (a Shard(0) layout); the
+    norm is then restored block by block, as each rank does with its own rows. None: one block."""
     mats = matrix_view(o, hyper.flatten)
     v = hyper.beta2 * v + (1.0 - hyper.beta2) * np.mean(mats * mats, axis=-1)
-    normed = mats / (np.sqrt(v)[..., None] + hyper.variance_eps)
-    norm_o, norm_n = np.linalg.norm(mats), np.linalg.norm(normed)
-    restored = normed * (norm_o / norm_n) if norm_n > 0.0 else normed
-    return restored.reshape(o.shape), v
+    normed = (mats / (np.sqrt(v)[..., None] + hyper.variance_eps)).reshape(o.shape)
+    bounds = np.cumsum([0, *(row_blocks or [o.shape[0]])])
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        norm_o, norm_n = np.linalg.norm(o[lo:hi]), np.linalg.norm(normed[lo:hi])
+        if norm_n > 0.0:
+            normed[lo:hi] *= norm_o / norm_n
+    return normed, v
 
 
 def reference_normuon_step(x: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, hyper: NorMuonHyper,
-                           conv: Conventions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One FP64 NorMuon step of one parameter: returns (new parameter, new momentum, new v [B, m])."""
+                           conv: Conventions, row_blocks: list[int] | None = None
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One FP64 NorMuon step of one parameter: returns (new parameter, new momentum, new v [B, m]).
+    With `row_blocks`, the same-sharding reference of a Shard(0) layout (see normalise_rows)."""
     m, o = orthogonalized_direction(m, g, hyper, conv)
-    update, v = normalise_rows(o, np.asarray(v, np.float64), hyper)
+    update, v = normalise_rows(o, np.asarray(v, np.float64), hyper, row_blocks)
     return apply_update(np.asarray(x, dtype=np.float64), update, hyper, conv), m, v

@@ -89,7 +89,8 @@ def test_normuon_controls_are_flagged(control):
 def test_normuon_controls_are_correct_without_flatten():
     """flatten=False is the batch-of-trailing-matrices semantics, where param[..., 0:1] is right."""
     case = Case.from_id(CONV.replace("/flat/", "/noflat/"))
-    assert all(r.status == "pass" for r in run_case(case, load_target("control-normuon-kernel-slice"), "k"))
+    assert all(r.status == "pass" for r in run_case(case, load_target("control-normuon-kernel-slice"),
+                                                "control-normuon-kernel-slice"))
 
 
 # --- checkpoints -------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from cases import Case
 from harness.targets.ours import OursMuon
 from optimizers.coefficients import normaliser_scale, schedule
 from optimizers.matrix_view import as_matrices, lr_scale
+from optimizers.distributed import local
 from optimizers.normuon import normalise_rows
 
 
@@ -83,7 +84,8 @@ class _KernelSliceVarianceNorMuon(optimizers.Muon):
     def _postprocess(self, updates: torch.Tensor, params: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
         if group["algorithm"] != "normuon" or updates.ndim < 4:
             return super()._postprocess(updates, params, group)
-        return normalise_rows(updates, [self.state[p] for p in params], {**group, "flatten": False})
+        variances = [self.state[p].setdefault("variance", torch.zeros_like(local(p)[..., 0:1])) for p in params]
+        return normalise_rows(updates, variances, {**group, "flatten": False})
 
 
 class _TrailingDimsVarianceNorMuon(optimizers.Muon):
@@ -95,10 +97,9 @@ class _TrailingDimsVarianceNorMuon(optimizers.Muon):
             return super()._postprocess(updates, params, group)
         n, out, rest = updates.shape[0], updates.shape[1], updates.shape[2:]
         lead = updates.reshape(n, out, rest[0], -1)  # [N, out, in, prod(kernel)]: one "row" per (out, in)
-        states = [self.state[p] for p in params]
-        scratch = [{"variance": s.setdefault("variance_trailing", torch.zeros(out, rest[0], 1, dtype=updates.dtype))}
-                   for s in states]
-        out_rows = normalise_rows(lead, scratch, {**group, "flatten": False})
+        variances = [self.state[p].setdefault("variance_trailing", torch.zeros(out, rest[0], 1, dtype=updates.dtype))
+                     for p in params]
+        out_rows = normalise_rows(lead, variances, {**group, "flatten": False})
         return out_rows.reshape(updates.shape)
 
 
