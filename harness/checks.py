@@ -48,7 +48,7 @@ class Outcome:
         return "pass" if self.metrics.ratio <= 1.0 else "fail"
 
 
-_NO_METRICS = Metrics(math.nan, math.nan, math.nan, math.nan, math.nan)
+NO_METRICS = Metrics(math.nan, math.nan, math.nan, math.nan, math.nan)
 FINITENESS = tolerance.Tolerance(0.0, 0.0, "finiteness: every parameter value must be finite")
 
 
@@ -66,16 +66,12 @@ def applicable(case: Case) -> list[str]:
     return names
 
 
-def _worst(pairs: list[tuple[Metrics, str]]) -> tuple[Metrics, str]:
-    worst: tuple[Metrics, str] | None = None
-    for metrics, where in pairs:
-        if worst is None or metrics.worse_than(worst[0]):
-            worst = (metrics, where)
-    assert worst is not None
-    return worst
+def worst_of(pairs: list[tuple[Metrics, str]]) -> tuple[Metrics, str]:
+    """The (metrics, where) pair with the largest ratio (NaN counts as worst); the first on ties."""
+    return max(pairs, key=lambda pair: pair[0].severity)
 
 
-def _message(metrics: Metrics, where: str, tol: tolerance.Tolerance) -> str:
+def describe(metrics: Metrics, where: str, tol: tolerance.Tolerance) -> str:
     verdict = "within" if metrics.ratio <= 1.0 else "BEYOND"
     return (f"worst at {where}: ||err|| = {metrics.ratio:.3g} x allowed ({verdict} tolerance); "
             f"rel_err {metrics.rel_err:.3g} vs rtol {tol.rtol:g}, max_abs {metrics.max_abs:.3g}, "
@@ -99,7 +95,7 @@ def _oracle(case: Case, conv: Conventions) -> tuple[Any, Callable[[np.ndarray, A
     return np.zeros(case.shape), lambda x, m, g: reference_muon_step(x, m, g, hyper, conv)
 
 
-def _reference_steps(case: Case, target: Target, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
+def reference_steps(case: Case, target: Target, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
                      traj: Trajectory) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
     """(where, x_prev, x_new, x_ref) per member and step: x_ref is the FP64 reference step from the
     target's own previous parameter x_prev (re-seeded every step), optimizer state kept in FP64."""
@@ -116,15 +112,15 @@ def _reference_steps(case: Case, target: Target, params: list[torch.Tensor], gra
 def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     why = tolerance.ill_posed(case, inputs.condition)
     if why:
-        return Outcome("reference", _NO_METRICS, None, why, skipped=True)
+        return Outcome("reference", NO_METRICS, None, why, skipped=True)
     tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
-    metrics, where = _worst([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol, tol.storage_ulps), at)
-                             for at, x_prev, x_new, x_ref in _reference_steps(case, target, inputs.params,
-                                                                               inputs.grads, traj)])
-    return Outcome("reference", metrics, tol, _message(metrics, where, tol))
+    steps = reference_steps(case, target, inputs.params, inputs.grads, traj)
+    metrics, where = worst_of([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol, tol.storage_ulps), at)
+                               for at, x_prev, x_new, x_ref in steps])
+    return Outcome("reference", metrics, tol, describe(metrics, where, tol))
 
 
-def _relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,
+def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,
               other: Trajectory) -> Outcome:
     """`traj` vs `other`: two runs of the same inputs that must agree, member by member, step by step."""
     exact = target.exact_relations
@@ -139,20 +135,20 @@ def _relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Traje
             pairs.append((compare_step(a_prev, a, b_step, case.param_dtype, tol.rtol, tol.storage_ulps),
                           f"member {i} step {k + 1}"))
             a_prev, b_prev = a, b
-    metrics, where = _worst(pairs)
-    return Outcome(name, metrics, tol, _message(metrics, where, tol))
+    metrics, where = worst_of(pairs)
+    return Outcome(name, metrics, tol, describe(metrics, where, tol))
 
 
 def megabatch(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     alone = [target.run(*_args(inputs.member(i)), case) for i in range(case.megabatch)]
     regrouped = [[alone[i][k][0] for i in range(case.megabatch)] for k in range(case.steps)]
-    return _relation("megabatch", case, target, inputs, traj, regrouped)
+    return relation("megabatch", case, target, inputs, traj, regrouped)
 
 
 def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     flat = (case.shape[0], math.prod(case.shape[1:]))
     other = [[t.reshape(case.shape) for t in step] for step in target.run(*_args(inputs.reshaped(flat)), case)]
-    return _relation("equiv2d", case, target, inputs, traj, other)
+    return relation("equiv2d", case, target, inputs, traj, other)
 
 
 def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:

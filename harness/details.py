@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cases import Case
-from harness.checks import _reference_steps
+from harness.checks import reference_steps
 from harness.inputs import make_inputs
 from harness.targets.base import Target
 from reports import Record, worst_first
@@ -35,7 +35,7 @@ def detail(case: Case, target: Target) -> Detail:
     """Rerun `case` on `target` (one process) and keep the worst step's pictures' data."""
     inputs = make_inputs(case)
     trajectory = target.run(inputs.params, inputs.grads, case)
-    worst = max(_reference_steps(case, target, inputs.params, inputs.grads, trajectory),
+    worst = max(reference_steps(case, target, inputs.params, inputs.grads, trajectory),
                 key=lambda s: float(np.linalg.norm(s[2] - s[3])))
     where, x_prev, x_new, x_ref = worst
     judged, reference = (x_new - x_prev).reshape(case.shape[0], -1), (x_ref - x_prev).reshape(case.shape[0], -1)

@@ -127,11 +127,11 @@ def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> O
     """Each rank's piece vs the same piece of the FP64 reference step (empty pieces hold nothing to judge)."""
     why = tolerance.ill_posed(case, inputs.condition)
     if why:
-        return Outcome("local_shard", checks._NO_METRICS, None, why, skipped=True)
+        return Outcome("local_shard", checks.NO_METRICS, None, why, skipped=True)
     tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
     dim = shard_dim(case.layout)
     offsets = _offsets(case) if dim is not None else [0] * (case.world_size + 1)
-    steps = list(checks._reference_steps(case, target, inputs.params, inputs.grads, gather(case, pieces)))
+    steps = list(checks.reference_steps(case, target, inputs.params, inputs.grads, gather(case, pieces)))
     pairs = []
     for r, rank in enumerate(pieces):
         index = [slice(None)] * len(case.shape)
@@ -143,14 +143,14 @@ def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> O
             if mine.size:
                 pairs.append((compare_step(x_prev[tuple(index)], mine, x_ref[tuple(index)], case.param_dtype,
                                            tol.rtol, tol.storage_ulps), f"rank {r} {where}"))
-    metrics, where = checks._worst(pairs)
-    return Outcome("local_shard", metrics, tol, checks._message(metrics, where, tol))
+    metrics, where = checks.worst_of(pairs)
+    return Outcome("local_shard", metrics, tol, checks.describe(metrics, where, tol))
 
 
 def layout(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
     """Layout invariance: the gathered run against the target's single-process run of the same inputs."""
     single = target.run(inputs.params, inputs.grads, case)
-    out = checks._relation("layout", case, target, inputs, gather(case, pieces), single)
+    out = checks.relation("layout", case, target, inputs, gather(case, pieces), single)
     return Outcome("layout", out.metrics, out.tolerance,
                    f"{case.layout_detail} on {case.world_size} ranks vs one process: {out.message}")
 
@@ -164,7 +164,7 @@ def replicas(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outc
                 prev = f64(pieces[0][k - 1][i] if k else inputs.params[i])
                 pairs.append((compare_step(prev, f64(pieces[r][k][i]), f64(pieces[0][k][i]), case.param_dtype,
                                            0.0, 0.0), f"rank {r} vs rank 0, member {i} step {k + 1}"))
-    metrics, where = checks._worst(pairs)
+    metrics, where = checks.worst_of(pairs)
     verdict = "bitwise identical" if metrics.ratio == 0 else f"DIFFER (worst at {where}, max_abs {metrics.max_abs:.3g})"
     return Outcome("replicas", metrics, REPLICAS, f"{case.world_size} replicas {verdict}")
 

@@ -32,12 +32,10 @@ class Metrics:
     allowed: float
     ratio: float
 
-    def worse_than(self, other: "Metrics | None") -> bool:
-        return other is None or _order(self.ratio) > _order(other.ratio)
-
-
-def _order(ratio: float) -> float:
-    return math.inf if math.isnan(ratio) else ratio
+    @property
+    def severity(self) -> float:
+        """The ratio to rank by: NaN (nothing comparable) ranks as worst."""
+        return math.inf if math.isnan(self.ratio) else self.ratio
 
 
 def _safe_div(num: float, den: float) -> float:
