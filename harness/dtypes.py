@@ -1,4 +1,4 @@
-"""Names of floating formats used in cases and reports, and their torch dtypes."""
+"""The torch dtype of each floating-format name used in cases and reports."""
 
 from __future__ import annotations
 
@@ -6,4 +6,3 @@ import torch
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32,
                                         "bf16": torch.bfloat16, "fp16": torch.float16}
-NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
