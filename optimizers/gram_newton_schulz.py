@@ -46,6 +46,10 @@ class GramStats:
     fallbacks: int = 0
 
 
+STATS = GramStats()
+"""This process's counts for every optimizer's Gram Newton–Schulz (read, or reset, by whoever watches)."""
+
+
 def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.dtype) -> torch.Tensor:
     """X / (scale ||X||_F + eps) per matrix, formed in at least fp32 and then rounded to
     `compute_dtype`: an fp16 cast before normalising would overflow gradients above 65504."""

@@ -95,3 +95,37 @@ def test_fp16_normalises_before_it_rounds():
 def test_bad_restarts_are_rejected(restarts):
     with pytest.raises(ValueError, match="restarts"):
         gram_newton_schulz(torch.zeros(1, 2, 4), schedule("polar_express", 5), 1.0, 1e-7, torch.float32, restarts)
+
+
+def test_muon_with_gram_newton_schulz_steps_as_the_standard_iteration_in_fp64():
+    import optimizers
+    from optimizers.gram_newton_schulz import STATS
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(16, 64)] * 3 + [(8, 4, 3, 3), (40, 6)]
+    gram_params = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in shapes]
+    plain = [torch.nn.Parameter(p.detach().clone()) for p in gram_params]
+    for p, q in zip(gram_params, plain):
+        p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        q.grad = p.grad.clone()
+    before = STATS.gram
+    for coefficients in ("polar_express", "newton_schulz"):
+        optimizers.Muon(gram_params, orthogonalizer="gram_newton_schulz", ns_coefficients=coefficients,
+                        compute_dtype=torch.float64, flatten=True).step()
+        optimizers.Muon(plain, orthogonalizer=coefficients, compute_dtype=torch.float64, flatten=True).step()
+        for p, q in zip(gram_params, plain):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-13)
+    assert STATS.gram - before == 2 * 5  # three 16x64 members, a flattened 8x36 conv, a 40x6 matrix, twice
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(orthogonalizer="gram_newton_schulz", ns_coefficients="chebyshev"), "ns_coefficients"),
+    (dict(orthogonalizer="polar_express", ns_coefficients="newton_schulz"), "ns_coefficients"),
+    (dict(orthogonalizer="gram_newton_schulz", gram_restarts=(2, -1)), "gram_restarts"),
+    (dict(orthogonalizer="gram_newton_schulz", gram_restarts=2), "gram_restarts"),
+])
+def test_gram_options_are_checked_at_construction(options, match):
+    import optimizers
+
+    with pytest.raises(ValueError, match=match):
+        optimizers.Muon([torch.nn.Parameter(torch.zeros(4, 8))], **options)
