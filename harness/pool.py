@@ -65,7 +65,7 @@ GRACE = 3.0
 WATCHDOG_SECONDS = 0.5
 """How often a rank's watchdog thread checks that its parent is still there."""
 LOG_TAIL_LINES = 60
-"""Lines of a dead rank's log quoted in its failure."""
+"""Lines of a failed rank's log quoted in its failure (a hung rank's stack dump comes whole)."""
 _PR_SET_PDEATHSIG = 1
 """prctl option: the signal the kernel sends this process when its parent thread exits (<linux/prctl.h>)."""
 
@@ -301,12 +301,18 @@ class RankPool:
         return f"rank {rank} died {how} without a reply; its last output:\n{self._log_text(rank)}"
 
     def _stacks(self, rank: int) -> str:
-        """The stacks of a rank that did not answer (faulthandler dump on SIGUSR1)."""
-        proc = self._procs[rank]
+        """The stacks of a rank that did not answer (faulthandler's dump on SIGUSR1), after the
+        tail of what it wrote before."""
+        proc, path = self._procs[rank], self._log(rank)
+        before = self._log_text(rank)
+        start = path.stat().st_size if path.exists() else 0
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGUSR1)
             time.sleep(0.5)
-        return self._log_text(rank)
+        with open(path, errors="replace") as log:
+            log.seek(start)
+            dump = log.read()
+        return f"{before}\n{dump.rstrip()}" if dump else before
 
     def close(self) -> None:
         """Stop every rank (politely, then by force, 2 s in all) and remove the rendezvous directory."""
