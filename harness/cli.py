@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from cases import TIERS
 from harness.backends import get as get_backend
@@ -93,12 +95,16 @@ def _backends(text: str) -> list[str]:
 
 
 def _torchrun_ranks(names: list[str]) -> TorchrunRanks | None:
-    """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise."""
+    """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise, and
+    None where that backend cannot run here (nccl without NCCL or a GPU): rank 0 then records every
+    case as skipped with the reason, and the other ranks stop."""
     if not under_torchrun():
         return None
     distributed = [n for n in names if get_backend(n).distributed]
     if len(distributed) != 1:
         raise UsageError(f"under torchrun name exactly one distributed backend (gloo or nccl); got {','.join(names)}")
+    if distributed[0] == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
+        return None
     return TorchrunRanks(distributed[0])
 
 
@@ -112,6 +118,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cases:
         raise UsageError(f"no case of tier {args.tier!r} matches --select {args.select}")
     ranks = _torchrun_ranks(backends)
+    if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
+        return 0
     driver = ranks is None or ranks.is_driver
     if driver:
         args.out.mkdir(parents=True, exist_ok=True)
