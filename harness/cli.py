@@ -27,7 +27,7 @@ from cases import TIERS
 from harness.backends import get as get_backend
 from harness.pool import TorchrunRanks, under_torchrun
 from harness.runner import BACKENDS, run
-from harness.details import worst_details
+from harness.details import Pictures
 from harness.selection import select
 from harness.targets import DEFAULT, TargetError, load_target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_html,
@@ -129,11 +129,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if progress:
         print(f"judging {target.name} ({target.version()}) on {len(cases)} {args.tier} cases, "
               f"backends {','.join(backends)}", file=progress)
-    records = []
+    records, pictures = [], Pictures()
     for backend in backends:
         if progress:
             print(f"backend {backend}:", file=progress)
-        records += run(cases, target, args.target, backend, progress, ranks)
+        records += run(cases, target, args.target, backend, progress, ranks, pictures)
     if ranks is not None:
         ranks.close()
         if not driver:
@@ -144,9 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                    torch_version=torch.__version__, commit=project_commit())
     write_csv(records, args.out / "results.csv")
     save_run(records, info, args.out)
-    pictures = {(d.case_id, d.check): case_pictures(d.where, d.error, d.sv_judged, d.sv_reference)
-                for d in worst_details(records, target)}
-    (args.out / "report.html").write_text(render_html(records, info, pictures))
+    drawn = {d.key: case_pictures(d.where, d.error, d.sv_judged, d.sv_reference) for d in pictures.details()}
+    (args.out / "report.html").write_text(render_html(records, info, drawn))
     (args.out / "summary.md").write_text(render_markdown(records, info))
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]

@@ -77,7 +77,8 @@ def test_worst_failing_rows_only_and_in_order() -> None:
         ["fail", "`muon/linear/bf16/s0`", "update", "3.14"],
         ["error", "`muon/linear/f32/s9`", "update", ""],
     ]
-    assert rows[1][4:] == ["0.00314", "0.001"]
+    assert rows[1][4:] == ["0.00314", "0.001", "0.001"]
+    assert rows[2][4:] == ["", "", "0.001"]  # an error has no metrics, hence no allowance
 
 
 def test_max_rows_limits_failing_rows() -> None:
