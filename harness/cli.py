@@ -138,7 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         ranks.close()
         if not driver:
             return 0
-    info = RunInfo(target=f"{target.name} [{args.target}] {target.version()}", tier=args.tier,
+    spec = "" if args.target == target.name else f" (--target {args.target})"
+    info = RunInfo(target=f"{target.name}: {target.version()}{spec}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit())

@@ -64,7 +64,7 @@ table.grid td a:hover { outline: 2px solid #222; }
 table.grid th { text-align: center; font-weight: 600; }
 table.grid td.g-fail, table.grid td.g-error { color: #fff; font-weight: 600; }
 figure { display: inline-block; margin: 0.3rem 1rem 0.3rem 0; vertical-align: top; }
-figcaption { font-size: 0.8rem; max-width: 40rem; }
+figcaption { font-size: 0.8rem; max-width: 24rem; }
 """
 
 

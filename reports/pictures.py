@@ -92,16 +92,18 @@ def singular_values_svg(judged: np.ndarray, reference: np.ndarray, *, width: int
 
 
 def axis_labels(low: float, high: float) -> list[tuple[float, str]]:
-    """(value, SVG text) labels of a log axis from `low` to `high` (> 0): every power of ten in
-    range, written 10^k; where fewer than two fall in range, the two ends instead, each with the
-    fewest significant digits (2 to 6) that tell them apart."""
+    """(value, SVG text) labels of a log axis from `low` to `high` (> 0), ascending: every power of
+    ten in range, written 10^k; where fewer than two fall in range, the two ends as well, each with
+    the fewest significant digits (2 to 6) that tell them apart."""
     decades = [10.0**k for k in range(math.ceil(math.log10(low) - 1e-9), math.floor(math.log10(high) + 1e-9) + 1)]
+    labels = [(v, f'10<tspan dy="-4" font-size="8">{round(math.log10(v))}</tspan>') for v in decades]
     if len(decades) >= 2:
-        return [(v, f'10<tspan dy="-4" font-size="8">{round(math.log10(v))}</tspan>') for v in decades]
+        return labels
     if high <= low:
-        return [(low, f"{low:.3g}")]
+        return labels or [(low, f"{low:.3g}")]
     digits = next((d for d in range(2, 7) if f"{low:.{d}g}" != f"{high:.{d}g}"), 6)
-    return [(low, f"{low:.{digits}g}"), (high, f"{high:.{digits}g}")]
+    ends = [(v, f"{v:.{digits}g}") for v in (low, high) if not any(math.isclose(v, d) for d in decades)]
+    return sorted(labels + ends)
 
 
 def case_pictures(where: str, error: np.ndarray, sv_judged: np.ndarray, sv_reference: np.ndarray) -> str:

@@ -82,6 +82,7 @@ def test_singular_value_axis_labels_tell_their_ends_apart():
     (lo, lo_text), (hi, hi_text) = axis_labels(0.0412, 0.0449)
     assert (lo, hi) == (0.0412, 0.0449) and lo_text != hi_text and (lo_text, hi_text) == ("0.041", "0.045")
     assert [t for _, t in axis_labels(0.04101, 0.04109)] == ["0.041", "0.0411"]
+    assert [v for v, _ in axis_labels(0.0039, 0.045)] == [0.0039, 0.01, 0.045]
     decades = axis_labels(2e-4, 3.0)
     assert [v for v, _ in decades] == [1e-3, 1e-2, 1e-1, 1.0]
     assert all(f'font-size="8">{k}</tspan>' in t for (_, t), k in zip(decades, (-3, -2, -1, 0)))
