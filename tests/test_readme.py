@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from harness.cli import main as harness_main
+from reports.derived import allowed
 from reports.records import Record, read_csv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,6 +227,13 @@ def check_torch_one(folder: Path, gpus: bool) -> None:
     assert f"{got[('nesterov', 'reference')].rel_err:.2g}" == "0.019"
 
 
+def check_allowance(folder: Path, gpus: bool) -> None:
+    """The numbers "Reading a failure" quotes for a passing bf16 row whose rel_err exceeds its rtol."""
+    reference = next(r for r in records(folder / "out-allowance") if r.check == "reference")
+    assert reference.status == "pass" and reference.tolerance == 0.002
+    assert [f"{v:.2g}" for v in (reference.rel_err, allowed(reference), reference.ratio)] == ["0.064", "0.13", "0.49"]
+
+
 def check_gloo(folder: Path, gpus: bool) -> None:
     got = records(folder / "out-gloo")
     assert all(r.status == "pass" and r.backend == "gloo" and r.world_size == 3 and r.layout == "shard0-uneven"
@@ -254,6 +262,7 @@ CHECKS: dict[str, Callable[[Path, bool], None]] = {
     "mine": check_mine,
     "torch": check_torch,
     "torch-one": check_torch_one,
+    "allowance": check_allowance,
     "gloo": check_gloo,
     "nccl": gpu_block_checker("out-nccl"),
     "torchrun": gpu_block_checker("out-torchrun"),
