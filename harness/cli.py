@@ -96,14 +96,15 @@ def _backends(text: str) -> list[str]:
 
 def _torchrun_ranks(names: list[str]) -> TorchrunRanks | None:
     """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise, and
-    None where that backend cannot run here (nccl without NCCL or a GPU): rank 0 then records every
-    case as skipped with the reason, and the other ranks stop."""
+    None where that backend cannot run here (nccl without NCCL or a GPU per rank): rank 0 then records
+    every case as skipped with the reason, and the other ranks stop."""
     if not under_torchrun():
         return None
     distributed = [n for n in names if get_backend(n).distributed]
     if len(distributed) != 1:
         raise UsageError(f"under torchrun name exactly one distributed backend (gloo or nccl); got {','.join(names)}")
-    if distributed[0] == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
+    gpus_needed = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # one GPU per rank of this node
+    if distributed[0] == "nccl" and not (dist.is_nccl_available() and torch.cuda.device_count() >= gpus_needed):
         return None
     return TorchrunRanks(distributed[0])
 
