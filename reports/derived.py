@@ -2,6 +2,7 @@
 
   verdict   FAILED if any record is fail or error; NOTHING CHECKED if none passed either
             (every record unsupported or skipped); else PASSED
+  title     "<verdict>: Muon conformance of <target>, <tier> tier", the first line of every report
   allowed   the whole allowance of a check in rel_err's units, rel_err / ratio =
             (rtol ||delta_ref|| + storage_ulps ||ulp(x_ref)||) / ||delta_ref||  (harness.metrics);
             a check passes iff rel_err <= allowed. The `tolerance` column holds rtol alone.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from reports.records import Record
+from reports.records import Record, RunInfo
 
 
 def verdict(records: Iterable[Record]) -> str:
@@ -21,6 +22,11 @@ def verdict(records: Iterable[Record]) -> str:
     if statuses & {"fail", "error"}:
         return "FAILED"
     return "PASSED" if "pass" in statuses else "NOTHING CHECKED"
+
+
+def title(records: list[Record], info: RunInfo) -> str:
+    """The report's title: verdict, target (name and version), tier."""
+    return f"{verdict(records)}: Muon conformance of {info.target}, {info.tier} tier"
 
 
 def allowed(record: Record) -> float:

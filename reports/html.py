@@ -17,7 +17,7 @@ import re
 from typing import Mapping
 from urllib.parse import quote
 
-from reports.derived import allowed, verdict
+from reports.derived import allowed, title, verdict
 from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
 from reports.records import (
     COLUMNS,
@@ -90,11 +90,6 @@ def render_html(records: list[Record], info: RunInfo, pictures: Mapping[tuple[st
         _details(ordered, anchors, pictures),
     ))
     return page(title(records, info), _CSS, body)
-
-
-def title(records: list[Record], info: RunInfo) -> str:
-    """The report's title: verdict, target (name and version), tier."""
-    return f"{verdict(records)}: Muon conformance of {info.target}, {info.tier} tier"
 
 
 def grid_cell(record: Record) -> str:

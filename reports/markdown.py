@@ -13,18 +13,18 @@ import html
 import math
 import re
 
-from reports.derived import allowed, verdict
+from reports.derived import allowed, title
 from reports.records import STATUSES, Record, RunInfo, format_metric, group_by, status_counts, worst_first, worst_ratio
 
 
 def render_markdown(
     records: list[Record], info: RunInfo, *, max_rows: int = 20, artifact: str = "report.html"
 ) -> str:
-    """The summary, headed by the verdict (reports.derived.verdict); no links."""
+    """The summary, headed by the report title (reports.derived: verdict, target, tier); no links."""
     ordered = worst_first(records)
     failing = [r for r in ordered if r.failing]
     parts = (
-        f"# {verdict(records)}: Muon conformance of {cell_text(info.target)} ({cell_text(info.tier)} tier)",
+        f"# {cell_text(title(records, info))}",
         _context(info),
         _status_table(records),
         _dtype_table(records),
