@@ -21,7 +21,6 @@ from cases import Case
 from cases.axes import DEGENERATE_GRADIENTS
 from cases.layouts import piece_sizes, shard_dim
 from harness import tolerance
-from harness.details import Evidence
 from harness.inputs import Inputs, f64
 from harness.metrics import Metrics, compare_step
 from harness.targets.base import Target
@@ -32,6 +31,21 @@ SCALE_FACTOR = 2.0**10
 """Power of two: scaling the gradients is exact in every floating format."""
 
 Trajectory = list[list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The worst step of a reference check: where it is, and the judged and the reference update
+    (new minus previous parameter) in the [out, prod(rest)] view, in FP64."""
+
+    where: str
+    judged: np.ndarray
+    reference: np.ndarray
+
+    @classmethod
+    def of(cls, where: str, x_prev: np.ndarray, x_new: np.ndarray, x_ref: np.ndarray) -> "Evidence":
+        rows = x_prev.shape[0]
+        return cls(where, (x_new - x_prev).reshape(rows, -1), (x_ref - x_prev).reshape(rows, -1))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Pictures' data for the worst reference checks of a run, taken from the run that was judged.
 
 The reference check keeps, for its worst member and step (the one its metrics come from), the
-judged and the reference update as [out, prod(rest)] matrices (`Evidence`). The runner offers
+judged and the reference update as [out, prod(rest)] matrices (`harness.checks.Evidence`). The runner offers
 each reference record and its evidence to a `Pictures` keeper, which holds only the `limit`
 worst (so memory stays bounded on any tier) and, at the end, turns them into `Detail`s: the
 elementwise error and the singular values of both updates. A distributed record's evidence is
@@ -15,26 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.checks import Evidence
 from oracles import singular_values
 from reports import Record, worst_first
 
 Key = tuple[str, str, str, str, int]
 """Record.key: (case id, check, target, backend, world size)."""
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """The worst step of a reference check: where it is, and the judged and the reference update
-    (new minus previous parameter) in the [out, prod(rest)] view, in FP64."""
-
-    where: str
-    judged: np.ndarray
-    reference: np.ndarray
-
-    @classmethod
-    def of(cls, where: str, x_prev: np.ndarray, x_new: np.ndarray, x_ref: np.ndarray) -> "Evidence":
-        rows = x_prev.shape[0]
-        return cls(where, (x_new - x_prev).reshape(rows, -1), (x_ref - x_prev).reshape(rows, -1))
 
 
 @dataclass(frozen=True)

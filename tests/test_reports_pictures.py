@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from cases import Case
-from harness.details import Evidence, Pictures
+from harness.checks import Evidence
+from harness.details import Pictures
 from harness.runner import run_case
 from harness.targets import load_target
 from reports import RunInfo, render_html
