@@ -1,10 +1,10 @@
 """Pictures' data for the worst reference checks of a run, taken from the run that was judged.
 
 The reference check keeps, for its worst member and step (the one its metrics come from), the
-judged and the reference update as [out, prod(rest)] matrices (`harness.checks.Evidence`). The runner offers
-each reference record and its evidence to a `Pictures` keeper, which holds only the `limit`
-worst (so memory stays bounded on any tier) and, at the end, turns them into `Detail`s: the
-elementwise error and the singular values of both updates. A distributed record's evidence is
+judged and the reference update as [out, prod(rest)] matrices (`harness.checks.Evidence`). The
+runner offers each reference record and its evidence to a `Pictures` keeper, which holds only the
+`limit` worst (so memory stays bounded on any tier) and, at the end, turns them into `Detail`s:
+the elementwise error and the singular values of both updates. A distributed record's evidence is
 its gathered distributed trajectory, never a single-process rerun.
 """
 
