@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -34,12 +34,29 @@ Trajectory = list[list[torch.Tensor]]
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """The worst step of a reference check: where it is, and the judged and the reference update
+    (new minus previous parameter) in the [out, prod(rest)] view, in FP64."""
+
+    where: str
+    judged: np.ndarray
+    reference: np.ndarray
+
+    @classmethod
+    def of(cls, where: str, x_prev: np.ndarray, x_new: np.ndarray, x_ref: np.ndarray) -> "Evidence":
+        rows = x_prev.shape[0]
+        return cls(where, (x_new - x_prev).reshape(rows, -1), (x_ref - x_prev).reshape(rows, -1))
+
+
+@dataclass(frozen=True)
 class Outcome:
     check: str
     metrics: Metrics
     tolerance: tolerance.Tolerance | None
     message: str
     skipped: bool = False
+    evidence: Evidence | None = None
+    """The worst step's updates, for the report's pictures (reference checks)."""
 
     @property
     def status(self) -> str:
@@ -66,7 +83,10 @@ def applicable(case: Case) -> list[str]:
     return names
 
 
-def worst_of(pairs: list[tuple[Metrics, str]]) -> tuple[Metrics, str]:
+Where = TypeVar("Where")
+
+
+def worst_of(pairs: list[tuple[Metrics, Where]]) -> tuple[Metrics, Where]:
     """The (metrics, where) pair with the largest ratio (NaN counts as worst); the first on ties."""
     return max(pairs, key=lambda pair: pair[0].severity)
 
@@ -115,9 +135,10 @@ def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
         return Outcome("reference", NO_METRICS, None, why, skipped=True)
     tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
     steps = reference_steps(case, target, inputs.params, inputs.grads, traj)
-    metrics, where = worst_of([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol, tol.storage_ulps), at)
-                               for at, x_prev, x_new, x_ref in steps])
-    return Outcome("reference", metrics, tol, describe(metrics, where, tol))
+    metrics, (where, *worst) = worst_of([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol,
+                                                       tol.storage_ulps), (at, x_prev, x_new, x_ref))
+                                         for at, x_prev, x_new, x_ref in steps])
+    return Outcome("reference", metrics, tol, describe(metrics, where, tol), evidence=Evidence.of(where, *worst))
 
 
 def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from cases import TIERS, Case
 from harness.backends import get as get_backend
-from harness.details import worst_details
+from harness.details import Pictures
 from harness.pool import DEFAULT_TIMEOUT, TorchrunRanks, pools, under_torchrun
 from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.selection import nearest, select
@@ -204,12 +205,17 @@ def _target(spec: str) -> Target:
 
 
 def _torchrun_ranks(names: list[str], timeout: float) -> TorchrunRanks | None:
-    """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise."""
+    """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise, and
+    None where that backend cannot run here (nccl without NCCL or a GPU per rank): rank 0 then records
+    every case as skipped with the reason, and the other ranks stop."""
     if not under_torchrun():
         return None
     distributed = [n for n in names if get_backend(n).distributed]
     if len(distributed) != 1:
         raise UsageError(f"under torchrun name exactly one distributed backend (gloo or nccl); got {','.join(names)}")
+    gpus_needed = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # one GPU per rank of this node
+    if distributed[0] == "nccl" and not (dist.is_nccl_available() and torch.cuda.device_count() >= gpus_needed):
+        return None
     return TorchrunRanks(distributed[0], pg_timeout=timeout)
 
 
@@ -265,6 +271,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         head = {"tier": args.tier, "targets": [target.name], "backends": ",".join(backends)}
         _comparable(base[1], head, (args.baseline, Path("this run")), args.force, ("tier", "targets", "backends"))
     ranks = _torchrun_ranks(backends, args.timeout)
+    if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
+        return 0
     driver = ranks is None or ranks.is_driver
     if driver:
         _output_dir(args.out, [args.baseline] if args.baseline is not None else [])
@@ -285,12 +293,13 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
     if progress:
         print(f"judging {target.name} ({target.version()}) on {len(cases)} {args.tier} cases, "
               f"backends {','.join(backends)}", file=progress)
-    records, stopped = [], None
+    records, stopped, pictures = [], None, Pictures()
     try:
         for backend in backends:
             if progress:
                 print(f"backend {backend}:", file=progress)
-            records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout)
+            records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
+                           pictures=pictures)
     except Interrupted as exc:
         records += exc.records
         stopped = exc
@@ -299,15 +308,15 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
         ranks.close()
         if not driver:
             return 0 if stopped is None else 128 + stopped.signum
-    info = RunInfo(target=f"{target.name} [{args.target}] {target.version()}", tier=args.tier,
+    spec = "" if args.target == target.name else f" (--target {args.target})"
+    info = RunInfo(target=f"{target.name}: {target.version()}{spec}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
                    interrupted=str(stopped).removeprefix("interrupted by ") if stopped else "")
     save_run(records, info, args.out)
-    pictures = {(d.case_id, d.check): case_pictures(d.where, d.error, d.sv_judged, d.sv_reference)
-                for d in worst_details(records, target)}
-    (args.out / "report.html").write_text(render_html(records, info, pictures))
+    drawn = {d.key: case_pictures(d.where, d.error, d.sv_judged, d.sv_reference) for d in pictures.details()}
+    (args.out / "report.html").write_text(render_html(records, info, drawn))
     (args.out / "summary.md").write_text(render_markdown(records, info))
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]

@@ -1,9 +1,11 @@
-"""Pictures' data for the worst reference checks of a run, recomputed on demand.
+"""Pictures' data for the worst reference checks of a run, taken from the run that was judged.
 
-A case is deterministic, so rather than carry arrays through the run, the report
-step reruns the few worst cases (milliseconds each) and keeps, for the worst member
-and step: the elementwise error of the update in the flattened [out, prod(rest)]
-view, and the singular values of the judged and the reference update.
+The reference check keeps, for its worst member and step (the one its metrics come from), the
+judged and the reference update as [out, prod(rest)] matrices (`harness.checks.Evidence`). The
+runner offers each reference record and its evidence to a `Pictures` keeper, which holds only the
+`limit` worst (so memory stays bounded on any tier) and, at the end, turns them into `Detail`s:
+the elementwise error and the singular values of both updates. A distributed record's evidence is
+its gathered distributed trajectory, never a single-process rerun.
 """
 
 from __future__ import annotations
@@ -13,37 +15,47 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cases import Case
-from harness.checks import reference_steps
-from harness.inputs import make_inputs
-from harness.targets.base import Target
-from reports import Record, worst_first
+from harness.checks import Evidence
 from oracles import singular_values
+from reports import Record, worst_first
+
+Key = tuple[str, str, str, str, int]
+"""Record.key: (case id, check, target, backend, world size)."""
 
 
 @dataclass(frozen=True)
 class Detail:
-    case_id: str
-    check: str
+    key: Key
     where: str
     error: np.ndarray
     sv_judged: np.ndarray
     sv_reference: np.ndarray
 
 
-def detail(case: Case, target: Target) -> Detail:
-    """Rerun `case` on `target` (one process) and keep the worst step's pictures' data."""
-    inputs = make_inputs(case)
-    trajectory = target.run(inputs.params, inputs.grads, case)
-    worst = max(reference_steps(case, target, inputs.params, inputs.grads, trajectory),
-                key=lambda s: float(np.linalg.norm(s[2] - s[3])))
-    where, x_prev, x_new, x_ref = worst
-    judged, reference = (x_new - x_prev).reshape(case.shape[0], -1), (x_ref - x_prev).reshape(case.shape[0], -1)
-    return Detail(case.id, "reference", where, judged - reference, singular_values(judged), singular_values(reference))
+class Pictures:
+    """Keeps the evidence of the `limit` worst reference checks that ran (pass or fail with a finite
+    ratio), in `reports.worst_first` order."""
 
+    def __init__(self, limit: int = 8) -> None:
+        if limit < 0:
+            raise ValueError(f"Pictures: limit must be >= 0, got {limit}")
+        self.limit = limit
+        self._kept: dict[Key, tuple[Record, Evidence]] = {}
 
-def worst_details(records: list[Record], target: Target, limit: int = 8) -> list[Detail]:
-    """Details of the `limit` worst reference checks that ran (finite ratio), worst first."""
-    chosen = [r for r in worst_first(records) if r.check == "reference" and r.status in ("pass", "fail")
-              and math.isfinite(r.ratio)][:limit]
-    return [detail(Case.from_id(r.case_id), target) for r in chosen]
+    def offer(self, record: Record, evidence: Evidence | None) -> None:
+        """Keep `evidence` if `record` is among the `limit` worst reference checks offered so far."""
+        if (evidence is None or record.check != "reference" or record.status not in ("pass", "fail")
+                or not math.isfinite(record.ratio)):
+            return
+        self._kept[record.key] = (record, evidence)
+        ranked = worst_first(r for r, _ in self._kept.values())[:self.limit]
+        self._kept = {r.key: self._kept[r.key] for r in ranked}
+
+    def details(self) -> list[Detail]:
+        """The kept checks' pictures' data, worst first."""
+        out = []
+        for record in worst_first(r for r, _ in self._kept.values()):
+            evidence = self._kept[record.key][1]
+            out.append(Detail(record.key, evidence.where, evidence.judged - evidence.reference,
+                              singular_values(evidence.judged), singular_values(evidence.reference)))
+        return out

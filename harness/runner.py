@@ -20,6 +20,7 @@ from cases import Case
 from harness import backends, distributed_checks
 from harness.backends import Backend
 from harness.checks import CHECKS, Outcome, applicable
+from harness.details import Pictures
 from harness.inputs import make_inputs
 from harness.pool import TorchrunRanks, pools
 from harness.progress import PROGRESS_SECONDS, Progress
@@ -62,8 +63,9 @@ def _record(case: Case, target: Target, check: str, status: str, backend: str, r
 
 
 def _judge(case: Case, target: Target, backend: str, repro: str,
-           checks: dict[str, Callable[[], Outcome]]) -> list[Record]:
-    """Run each check; a check that raises is an error record with its traceback."""
+           checks: dict[str, Callable[[], Outcome]], pictures: Pictures | None = None) -> list[Record]:
+    """Run each check; a check that raises is an error record with its traceback. Each record and its
+    evidence are offered to `pictures`."""
     records = []
     for name, check in checks.items():
         t0 = time.perf_counter()
@@ -80,11 +82,14 @@ def _judge(case: Case, target: Target, backend: str, repro: str,
             tolerance=tol.rtol if tol else float("nan"),
             tolerance_source=tol.source if tol else "",
             ratio=out.metrics.ratio, message=out.message))
+        if pictures is not None:
+            pictures.offer(records[-1], out.evidence)
     return records
 
 
 def _run_distributed(case: Case, target: Target, target_spec: str, backend: Backend, repro: str,
-                     names: list[str], ranks: TorchrunRanks | None, timeout: float | None) -> list[Record]:
+                     names: list[str], ranks: TorchrunRanks | None, timeout: float | None,
+                     pictures: Pictures | None) -> list[Record]:
     """Run `case` on its ranks (a spawned pool, or torchrun's), then judge the pieces they sent back.
     Under torchrun only rank 0 gets records."""
     start = time.perf_counter()
@@ -100,16 +105,18 @@ def _run_distributed(case: Case, target: Target, target_spec: str, backend: Back
                 for n in names]
     inputs, pieces = make_inputs(case), result.values
     return _judge(case, target, backend.name, repro,
-                  {n: (lambda n=n: distributed_checks.CHECKS[n](case, target, inputs, pieces)) for n in names})
+                  {n: (lambda n=n: distributed_checks.CHECKS[n](case, target, inputs, pieces)) for n in names}, pictures)
 
 
 def run_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
-             ranks: TorchrunRanks | None = None, timeout: float | None = None) -> list[Record]:
+             ranks: TorchrunRanks | None = None, timeout: float | None = None,
+             pictures: Pictures | None = None) -> list[Record]:
     """Every applicable check of `case` on `target`: pass/fail, or unsupported, skipped (with the
     reason), or error. `backend` defaults to the case's own: cpu, or gloo for a distributed case.
     A distributed case whose ranks run past `timeout` seconds (default: the pool's DEFAULT_TIMEOUT)
     is an error. Under torchrun (`ranks`) every rank calls this in the same order; only rank 0
-    gets records (there the process group's timeout applies)."""
+    gets records (there the process group's timeout applies). `pictures` keeps the evidence of the
+    worst reference checks for the report."""
     chosen = backends.get(backend) if backend is not None else backends.natural(case)
     repro = repro_command(case, target_spec, chosen.name)
     distributed = case.layout != "single"
@@ -130,7 +137,7 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
         return every("skipped", why)
     target = backends.judged_as(target, chosen)
     if distributed:
-        return _run_distributed(case, target, target_spec, chosen, repro, names, ranks, timeout)
+        return _run_distributed(case, target, target_spec, chosen, repro, names, ranks, timeout, pictures)
     if not driver:
         return []
     start = time.perf_counter()
@@ -142,12 +149,13 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
         return [_record(case, target, n, "error", chosen.name, repro, time.perf_counter() - start, message=message)
                 for n in names]
     return _judge(case, target, chosen.name, repro,
-                  {n: (lambda n=n: CHECKS[n](case, target, inputs, trajectory)) for n in names})
+                  {n: (lambda n=n: CHECKS[n](case, target, inputs, trajectory)) for n in names}, pictures)
 
 
 def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = "cpu",
         progress: TextIO | None = sys.stderr, ranks: TorchrunRanks | None = None, *,
-        timeout: float | None = None, interval: float = PROGRESS_SECONDS) -> list[Record]:
+        timeout: float | None = None, interval: float = PROGRESS_SECONDS,
+        pictures: Pictures | None = None) -> list[Record]:
     """Run the `cases` that `backend` accepts (single-process or distributed), each distributed one
     within `timeout` seconds (see `run_case`); prints each failing check and a progress line at
     least every `interval` seconds (harness/progress.py). Under torchrun only rank 0 prints and
@@ -163,7 +171,7 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
     try:
         with Progress(progress, len(cases), interval) as shown:
             for case in cases:
-                got = run_case(case, target, target_spec, backend, ranks, timeout)
+                got = run_case(case, target, target_spec, backend, ranks, timeout, pictures)
                 records.extend(got)
                 done += 1
                 shown.case_done(case.id, got)

@@ -2,7 +2,7 @@
 
 A target's adapter declares these; the reference is built from them, so that a
 convention difference is never reported as a bug and a bug is never hidden as a
-convention (DESIGN.md section 3).
+convention (docs/design.md §3).
 """
 
 from __future__ import annotations

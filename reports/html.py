@@ -1,11 +1,13 @@
 """One self-contained HTML report of a run.
 
 `render_html` returns a single document with inline CSS and inline vanilla
-JavaScript (no network access, no external fonts): the run context, status
-counts, per-check and per-dtype breakdowns, a legend, a worst-first results
-table that sorts on header click and filters by text and by column, and a
-<details> block per non-passing record plus the worst passing ones. Every
-piece of record or run text goes through `html.escape`.
+JavaScript (no network access, no external fonts). From the top: the verdict
+and run context, status counts, a coverage grid that says where anything is
+wrong (layer kind x param@compute dtype x layout, each cell coloured by its
+worst ratio and linking to its rows), per-check and per-dtype breakdowns, a
+legend, a worst-first results table that sorts on header click and filters by
+text and by column, and a <details> block per non-passing record plus the
+worst passing ones. Every piece of record or run text goes through `html.escape`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import math
 import re
 from typing import Mapping
+from urllib.parse import quote
 
+from reports.derived import allowed, title, verdict
 from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
 from reports.records import (
     COLUMNS,
@@ -29,17 +33,21 @@ from reports.records import (
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "status", "ratio", "case_id", "check", "layer", "shape", "megabatch", "flatten",
-    "param_dtype", "compute_dtype", "orthogonalizer", "rel_err", "max_abs", "max_ulp",
-    "tolerance", "backend", "world_size", "layout",
+    "param_dtype", "compute_dtype", "orthogonalizer", "rel_err", "allowed", "rtol", "max_abs", "max_ulp",
+    "backend", "world_size", "layout",
 )
-"""Columns of the results table, in display order; each is also a row data attribute."""
+"""Columns of the results table, in display order; each is also a row data attribute. `allowed` and
+`rtol` are derived (`_value`): the whole allowance in rel_err's units, and the policy's rtol alone."""
 
 FILTER_COLUMNS: tuple[str, ...] = (
-    "status", "check", "layer", "param_dtype", "orthogonalizer", "backend", "layout",
+    "status", "check", "layer", "param_dtype", "compute_dtype", "orthogonalizer", "backend", "layout", "cell",
 )
-"""Columns with a <select> filter; options are the values present in the data."""
+"""Columns with a <select> filter; options are the values present in the data. `cell` is the
+coverage grid's cell of a row (`grid_cell`), set by clicking that cell."""
 
-NUMERIC_COLUMNS = frozenset({"ratio", "megabatch", "rel_err", "max_abs", "max_ulp", "tolerance", "world_size"})
+NUMERIC_COLUMNS = frozenset({"ratio", "megabatch", "rel_err", "allowed", "rtol", "max_abs", "max_ulp", "world_size"})
+LAYOUT_ORDER = ("single", "replicated", "shard0", "shard1")
+"""Grid columns come layout by layout in this order (others after, sorted)."""
 WORST_PASSING_DETAILS = 20
 SEVERITY = {s: len(STATUSES) - 1 - i for i, s in enumerate(STATUSES)}
 """Status rank for sorting, higher is worse, so a descending sort puts fail first."""
@@ -49,21 +57,31 @@ details { border: 1px solid #ccc; margin: 0.3rem 0; padding: 0.3rem 0.6rem; }
 details[open] { background: #fafafa; }
 pre { white-space: pre-wrap; background: #f3f3f3; padding: 0.4rem; margin: 0.2rem 0; }
 .legend { max-width: 60rem; }
+h1 .verdict { padding: 0 0.3rem; }
+table.grid td { text-align: center; min-width: 3.2rem; padding: 0; }
+table.grid td a { display: block; padding: 0.2rem 0.3rem; color: inherit; text-decoration: none; }
+table.grid td a:hover { outline: 2px solid #222; }
+table.grid th { text-align: center; font-weight: 600; }
+table.grid td.g-fail, table.grid td.g-error { color: #fff; font-weight: 600; }
+figure { display: inline-block; margin: 0.3rem 1rem 0.3rem 0; vertical-align: top; }
+figcaption { font-size: 0.8rem; max-width: 24rem; }
 """
 
 
 def render_html(records: list[Record], info: RunInfo, pictures: Mapping[tuple[str, str], str] | None = None) -> str:
     """The whole report as one self-contained HTML document (no external resources).
 
-    `pictures` maps (case id, check) to an HTML fragment (reports.pictures) shown in that
-    record's detail block; such records always get a detail block.
+    `pictures` maps a record's key (`Record.key`: case id, check, target, backend, world size) to
+    an HTML fragment (reports.pictures) shown in that record's detail block; such records always
+    get a detail block.
     """
     pictures = pictures or {}
     ordered = worst_first(records)
     anchors = _anchors(ordered, pictures)
     body = "\n".join((
-        _header(info),
+        _header(info, records),
         _summary(records),
+        _grid(records),
         _breakdown(records, "check"),
         _breakdown(records, "param_dtype"),
         _legend(),
@@ -71,7 +89,24 @@ def render_html(records: list[Record], info: RunInfo, pictures: Mapping[tuple[st
         _table(ordered, anchors),
         _details(ordered, anchors, pictures),
     ))
-    return page(f"Muon conformance: {info.target}", _CSS, body)
+    return page(title(records, info), _CSS, body)
+
+
+def grid_cell(record: Record) -> str:
+    """The coverage grid cell of a record: layer kind | param@compute | layout (without its
+    even/uneven/empty detail)."""
+    return f"{record.layer}|{record.param_dtype}@{record.compute_dtype}|{record.layout.split('-')[0]}"
+
+
+def _value(record: Record, column: str) -> object:
+    """A table column's value: a record field, or a derived one."""
+    if column == "allowed":
+        return allowed(record)
+    if column == "rtol":
+        return record.tolerance
+    if column == "cell":
+        return grid_cell(record)
+    return getattr(record, column)
 
 
 def _display(value: object) -> str:
@@ -86,7 +121,7 @@ def _full(value: object) -> str:
     return str(value)
 
 
-def _anchors(ordered: list[Record], pictures: Mapping[tuple[str, str], str]) -> dict[int, str]:
+def _anchors(ordered: list[Record], pictures: Mapping[tuple, str]) -> dict[int, str]:
     """Detail anchor per position in `ordered`, for every non-passing record, every record
     with a picture and the `WORST_PASSING_DETAILS` first passing ones. Ids derive from case id + check; a
     repeated id (same case and check on another backend, or equal after slugging)
@@ -96,7 +131,7 @@ def _anchors(ordered: list[Record], pictures: Mapping[tuple[str, str], str]) -> 
     used: set[str] = set()
     passing = 0
     for i, r in enumerate(ordered):
-        if r.status == "pass" and (r.case_id, r.check) not in pictures:
+        if r.status == "pass" and r.key not in pictures:
             if passing == WORST_PASSING_DETAILS:
                 continue
             passing += 1
@@ -111,8 +146,8 @@ def _anchors(ordered: list[Record], pictures: Mapping[tuple[str, str], str]) -> 
     return anchors
 
 
-def _header(info: RunInfo) -> str:
-    """Title and run context."""
+def _header(info: RunInfo, records: list[Record]) -> str:
+    """Title (the verdict first) and run context."""
     items = (
         ("target", escape(info.target)),
         ("tier", escape(info.tier)),
@@ -125,8 +160,12 @@ def _header(info: RunInfo) -> str:
     )
     if info.interrupted:
         items = (("status", f"<strong>INCOMPLETE</strong>: interrupted by {escape(info.interrupted)}"), *items)
-    incomplete = "INCOMPLETE " if info.interrupted else ""
-    return f"<h1>{incomplete}Muon conformance report: {escape(info.target)}</h1>\n{context_list(items)}"
+    outcome = verdict(records)
+    status = {"FAILED": "fail", "PASSED": "pass"}.get(outcome, "skipped")
+    if info.interrupted:
+        outcome = f"INCOMPLETE, {outcome} so far"
+    return (f'<h1><span class="verdict s-{status}">{outcome}</span> Muon conformance of {escape(info.target)}, '
+            f"{escape(info.tier)} tier</h1>\n{context_list(items)}")
 
 
 def _summary(records: list[Record]) -> str:
@@ -137,6 +176,68 @@ def _summary(records: list[Record]) -> str:
     return (
         f'<h2>Summary</h2>\n<table id="summary"><thead><tr>{head}</tr></thead>'
         f'<tbody><tr>{cells}<td class="num" data-status="total">{len(records)}</td></tr></tbody></table>'
+    )
+
+
+def _ordered_columns(records: list[Record]) -> list[tuple[str, str]]:
+    """(layout, param@compute) columns present in the data, layout by layout (LAYOUT_ORDER)."""
+    present = {(c.split("|")[2], c.split("|")[1]) for c in map(grid_cell, records)}
+    rank = {name: i for i, name in enumerate(LAYOUT_ORDER)}
+    return sorted(present, key=lambda col: (rank.get(col[0], len(rank)), col[0], col[1]))
+
+
+def _heat(records: list[Record]) -> tuple[str, str, str]:
+    """(class, inline colour, text) of a grid cell: error dark red, fail red (darker the larger the
+    ratio), pass green turning amber towards ratio 1, nothing checked grey."""
+    counts = status_counts(records)
+    worst = worst_ratio([r for r in records if r.status in ("pass", "fail")])
+    if counts["error"]:
+        return "g-error", "#7a0000", "error"
+    if counts["fail"]:
+        level = min(1.0, math.log10(max(worst, 1.0)) / 2.0) if not math.isnan(worst) else 1.0
+        red, green = int(214 - 90 * level), int(90 - 70 * level)
+        return "g-fail", f"rgb({red},{green},{green})", format_metric(worst) or "fail"
+    if counts["pass"]:
+        level = 0.0 if math.isnan(worst) else min(1.0, max(0.0, worst))
+        red, green, blue = int(200 + 45 * level), int(235 - 10 * level), int(200 - 80 * level)
+        return "g-pass", f"rgb({red},{green},{blue})", format_metric(worst) or "pass"
+    return "g-none", "#e6e6e6", "&ndash;"
+
+
+def _grid(records: list[Record]) -> str:
+    """Coverage grid: a row per layer kind, a column per (layout, param@compute); each cell coloured
+    by its records' worst ratio and linking to the results filtered to that cell."""
+    if not records:
+        return '<h2>Coverage</h2>\n<p id="coverage">no records</p>'
+    columns = _ordered_columns(records)
+    cells = group_by(records, "layer")
+    layouts = [(layout, sum(1 for c in columns if c[0] == layout)) for layout in dict.fromkeys(c[0] for c in columns)]
+    head = ('<tr><th rowspan="2">layer</th>' + "".join(f'<th colspan="{n}">{escape(layout)}</th>' for layout, n in layouts)
+            + "</tr><tr>" + "".join(f"<th>{escape(dtypes)}</th>" for _, dtypes in columns) + "</tr>")
+    rows = []
+    for layer, group in cells.items():
+        by_cell = {}
+        for r in group:
+            by_cell.setdefault(grid_cell(r), []).append(r)
+        tds = []
+        for layout, dtypes in columns:
+            key = f"{layer}|{dtypes}|{layout}"
+            members = by_cell.get(key)
+            if not members:
+                tds.append('<td class="g-empty"></td>')
+                continue
+            cls, colour, text = _heat(members)
+            counts = ", ".join(f"{n} {s}" for s, n in status_counts(members).items() if n)
+            tip = f"{layer}, {dtypes}, {layout}: {counts}"
+            tds.append(f'<td class="{cls}" style="background:{colour}" data-cell="{escape(key)}" title="{escape(tip)}">'
+                       f'<a href="#cell={escape(quote(key, safe="|@"))}" data-cell="{escape(key)}">{text}</a></td>')
+        rows.append(f"<tr><th>{escape(layer)}</th>{''.join(tds)}</tr>")
+    return (
+        "<h2>Coverage</h2>\n<p class=\"legend\">Worst ratio of each layer kind &times; dtypes (param@compute) "
+        "&times; layout: <b>green</b> passes (amber as it nears 1), <b>red</b> fails, <b>error</b> the target "
+        "raised, <b>&ndash;</b> nothing checked (unsupported or skipped), blank: no case. Click a cell for its "
+        "rows.</p>\n"
+        f'<table id="coverage" class="grid"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
     )
 
 
@@ -159,9 +260,13 @@ def _breakdown(records: list[Record], field: str) -> str:
 
 def _legend() -> str:
     return (
-        '<h2>Legend</h2>\n<p class="legend"><b>ratio</b> = error / tolerance, where the error is the '
-        "check's measured error and the tolerance is the bound it allows (each case's details "
-        "show where that tolerance comes from). "
+        '<h2>Legend</h2>\n<p class="legend"><b>ratio</b> = error / tolerance: &#8214;err&#8214; / '
+        "(rtol&middot;&#8214;&Delta;ref&#8214; + storage_ulps&middot;&#8214;ulp(x_ref)&#8214;), on the update "
+        "(new minus previous parameter). <b>rel_err</b> = &#8214;err&#8214; / &#8214;&Delta;ref&#8214;; "
+        "<b>allowed</b> = rel_err / ratio is the whole allowance in rel_err's units, the storage-rounding "
+        "term included, so a row passes exactly when rel_err &le; allowed; <b>rtol</b> is the policy's "
+        "share of it (for bf16 parameters the rounding term usually dominates, and rel_err may exceed rtol "
+        "on a passing row). Each record's details show where its tolerance comes from. "
         "A check <b>passes iff ratio &le; 1</b>; <b>fail</b> means ratio &gt; 1 or a required relation "
         "did not hold, <b>error</b> means the target raised. <b>unsupported</b> (the target declined "
         "the case) and <b>skipped</b> (the harness could not run it here) are never counted as pass. "
@@ -171,7 +276,7 @@ def _legend() -> str:
 
 def _options(records: list[Record], column: str) -> list[str]:
     """Distinct values of `column` in the data: statuses by severity, others sorted."""
-    values = {str(getattr(r, column)) for r in records}
+    values = {str(_value(r, column)) for r in records}
     if column == "status":
         return [s for s in STATUSES if s in values]
     return sorted(values)
@@ -205,13 +310,13 @@ def _table(ordered: list[Record], anchors: dict[int, str]) -> str:
 
 def _row(record: Record, anchor: str | None) -> str:
     """One results row: a data attribute per table column (raw values) and its cells."""
-    attrs = "".join(f' data-{c}="{escape(data_value(getattr(record, c)))}"' for c in TABLE_COLUMNS)
+    attrs = "".join(f' data-{c}="{escape(data_value(_value(record, c)))}"' for c in (*TABLE_COLUMNS, "cell"))
     cells = "".join(_cell(record, c, anchor) for c in TABLE_COLUMNS)
     return f'<tr data-severity="{SEVERITY[record.status]}"{attrs}>{cells}</tr>'
 
 
 def _cell(record: Record, column: str, anchor: str | None) -> str:
-    text = escape(_display(getattr(record, column)))
+    text = escape(_display(_value(record, column)))
     if column == "status":
         return f'<td class="s-{record.status}">{text}</td>'
     if column == "case_id" and anchor is not None:
@@ -221,9 +326,9 @@ def _cell(record: Record, column: str, anchor: str | None) -> str:
     return f"<td>{text}</td>"
 
 
-def _details(ordered: list[Record], anchors: dict[int, str], pictures: Mapping[tuple[str, str], str]) -> str:
+def _details(ordered: list[Record], anchors: dict[int, str], pictures: Mapping[tuple, str]) -> str:
     """One <details> block per anchored record, in worst-first order."""
-    blocks = "\n".join(_detail(ordered[i], anchor, pictures.get((ordered[i].case_id, ordered[i].check), ""))
+    blocks = "\n".join(_detail(ordered[i], anchor, pictures.get(ordered[i].key, ""))
                        for i, anchor in anchors.items())
     return f'<h2>Case details</h2>\n<div id="details">\n{blocks}\n</div>'
 
@@ -234,7 +339,7 @@ def _detail(record: Record, anchor: str, picture: str) -> str:
         f"<tr><th>{label(c)}</th><td>{escape(_full(getattr(record, c)))}</td></tr>"
         for c in COLUMNS
         if c not in ("message", "repro")
-    )
+    ) + f"<tr><th>allowed (rel_err / ratio)</th><td>{escape(_full(allowed(record)))}</td></tr>"
     ratio = format_metric(record.ratio) or "n/a"
     return (
         f'<details id="{escape(anchor)}" data-status="{record.status}">'

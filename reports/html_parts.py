@@ -3,7 +3,9 @@
 Everything here is inline: the page shell, the common CSS, and one vanilla
 script that makes every `table.sortable` sort on header click and filters the
 rows of every `table.filterable` by the `#filter-text` box and the
-`select[data-filter]` controls. No network access, no external resources.
+`select[data-filter]` controls (a link `#cell=KEY`, or a click on an
+`a[data-cell]`, sets the `#filter-cell` select). No network access, no
+external resources.
 """
 
 from __future__ import annotations
@@ -96,12 +98,27 @@ TABLE_JS = """
     });
   }
 
+  // "#cell=KEY" (a coverage grid link) filters the results to that cell.
+  function showCell(key) {
+    var s = document.getElementById("filter-cell");
+    if (!s) return;
+    s.value = key;
+    applyFilters();
+    var at = document.getElementById("filters");
+    if (at) at.scrollIntoView();
+  }
+
   function openTarget() {
-    var el = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    var hash = decodeURIComponent(location.hash.slice(1));
+    if (hash.indexOf("cell=") === 0) { showCell(hash.slice(5)); return; }
+    var el = document.getElementById(hash);
     if (el && el.tagName === "DETAILS") el.open = true;
   }
 
   each(document.querySelectorAll("table.sortable"), sortable);
+  each(document.querySelectorAll("a[data-cell]"), function (a) {
+    a.addEventListener("click", function () { showCell(a.dataset.cell); });
+  });
   selects.forEach(function (s) { s.addEventListener("change", applyFilters); });
   if (text) text.addEventListener("input", applyFilters);
   window.addEventListener("hashchange", openTarget);

@@ -1,7 +1,8 @@
 """A short Markdown summary of a run, for a CI job summary.
 
 `render_markdown` gives the verdict, status counts, the worst ratio per
-parameter dtype and at most `max_rows` worst records, then names the HTML
+parameter dtype and at most `max_rows` worst records (rel_err next to the whole
+allowance and the policy's rtol, reports.derived), then names the HTML
 artifact that holds everything else. Its size is bounded by `max_rows` and
 the number of distinct dtypes, never by the number of records.
 """
@@ -12,22 +13,18 @@ import html
 import math
 import re
 
+from reports.derived import allowed, title
 from reports.records import STATUSES, Record, RunInfo, format_metric, group_by, status_counts, worst_first, worst_ratio
 
 
 def render_markdown(
     records: list[Record], info: RunInfo, *, max_rows: int = 20, artifact: str = "report.html"
 ) -> str:
-    """The summary: FAILED if any record is fail/error, NOTHING CHECKED if no record passed
-    either (all unsupported or skipped), else PASSED, prefixed INCOMPLETE when the run was
-    interrupted; no links."""
+    """The summary, headed by the report title (reports.derived: verdict, target, tier); no links."""
     ordered = worst_first(records)
     failing = [r for r in ordered if r.failing]
-    verdict = "FAILED" if failing else "PASSED" if any(r.status == "pass" for r in records) else "NOTHING CHECKED"
-    if info.interrupted:
-        verdict = f"INCOMPLETE ({cell_text(info.interrupted)}), {verdict} so far"
     parts = (
-        f"# {verdict}: Muon conformance of {cell_text(info.target)} ({cell_text(info.tier)} tier)",
+        f"# {cell_text(title(records, info))}",
         _context(info),
         _status_table(records),
         _dtype_table(records),
@@ -83,10 +80,12 @@ def _worst_table(ordered: list[Record], failing: list[Record], max_rows: int) ->
     else:
         rows = [r for r in ordered if not math.isnan(r.ratio)]
         title = f"## Worst records by ratio ({min(max_rows, len(rows))} of {len(rows)}, none failing)"
-    lines = [title, "", "| status | case id | check | ratio | rel_err | tolerance |", "|---|---|---|---:|---:|---:|"]
+    lines = [title, "", "A check passes iff rel_err <= allowed (rtol plus the storage-rounding term; rtol alone "
+             "is the policy's share).", "", "| status | case id | check | ratio | rel_err | allowed | rtol |",
+             "|---|---|---|---:|---:|---:|---:|"]
     lines += [
         f"| {r.status} | {code_span(r.case_id)} | {cell_text(r.check)} | {format_metric(r.ratio)} | "
-        f"{format_metric(r.rel_err)} | {format_metric(r.tolerance)} |"
+        f"{format_metric(r.rel_err)} | {format_metric(allowed(r))} | {format_metric(r.tolerance)} |"
         for r in rows[:max_rows]
     ]
     return "\n".join(lines)

@@ -43,7 +43,7 @@ def test_spectral_map_flags_a_wrong_coefficient():
 
 
 def test_keller_jordan_quintic_does_not_converge_to_the_polar_factor():
-    """DESIGN.md: after 5 steps, [0.02, 1] lands in about [0.68, 1.13]."""
+    """docs/design.md §2: after 5 steps, [0.02, 1] lands in about [0.68, 1.13]."""
     out = compose(newton_schulz_schedule(5), np.linspace(0.02, 1.0, 20001))
     assert 0.67 < out.min() < 0.69 and 1.12 < out.max() < 1.14
 

@@ -1,5 +1,5 @@
 """Property tests over the case axes (Hypothesis): our Muon conforms on any generated case,
-and the oracle obeys the relations of DESIGN.md section 2 on any matrix."""
+and the oracle obeys the relations of docs/design.md §2 on any matrix."""
 
 import numpy as np
 import torch

@@ -20,6 +20,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
 from reports import render_html
+from reports.html import grid_cell
 from reports.diff import diff_runs
 from reports.diff_html import render_diff_html
 from reports.records import Record, RunInfo
@@ -153,6 +154,26 @@ def test_report_sorts_filters_and_renders(driver, tmp_path: Path, shots: Path) -
     assert len(visible(rows(driver, "results"))) == len(RUN)
     assert_no_console_errors(driver)
     screenshot(driver, shots / "report.png")
+
+
+def test_report_grid_cells_filter_the_results(driver, tmp_path: Path, shots: Path) -> None:
+    """Clicking a coverage grid cell shows exactly that cell's rows; a `#cell=` link does the same on
+    load; choosing "all" in the cell filter shows every row again."""
+    open_page(driver, render_html(RUN, INFO), tmp_path / "report.html")
+    cell = driver.find_element(By.CSS_SELECTOR, '#coverage td.g-fail a')
+    key = cell.get_attribute("data-cell")
+    assert key == "linear|bfloat16@float32|single" and cell.text == "3.5"
+    cell.click()
+    wanted = sorted(r.case_id for r in RUN if grid_cell(r) == key)
+    assert sorted(r.get_attribute("data-case_id") for r in visible(rows(driver, "results"))) == wanted
+    assert driver.find_element(By.ID, "shown").text == f"{len(wanted)} of {len(RUN)} rows shown"
+    screenshot(driver, shots / "report-cell.png")
+    Select(driver.find_element(By.ID, "filter-cell")).select_by_value("")
+    assert len(visible(rows(driver, "results"))) == len(RUN)
+    driver.get("about:blank")
+    driver.get((tmp_path / "report.html").as_uri() + "#cell=" + key)
+    assert sorted(r.get_attribute("data-case_id") for r in visible(rows(driver, "results"))) == wanted
+    assert_no_console_errors(driver)
 
 
 def test_diff_sorts_filters_and_renders(driver, tmp_path: Path, shots: Path) -> None:

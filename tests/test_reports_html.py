@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from reports.html import FILTER_COLUMNS, TABLE_COLUMNS, WORST_PASSING_DETAILS, render_html
+from reports.html import FILTER_COLUMNS, TABLE_COLUMNS, WORST_PASSING_DETAILS, grid_cell, render_html
 from reports.records import STATUSES, Record, RunInfo, status_counts, worst_first
 
 NAN = math.nan
@@ -198,10 +198,27 @@ def test_rows_carry_raw_values_as_data_attributes(report: ReportParser) -> None:
 def test_cells_show_three_significant_digits_and_blank_nan(report: ReportParser) -> None:
     cells = {row["data-case_id"]: dict(zip(TABLE_COLUMNS, texts)) for row, texts in zip(report.rows, report.row_cells)}
     failing = cells["muon/linear/64x32/bf16/s0"]
-    assert (failing["status"], failing["ratio"], failing["rel_err"], failing["tolerance"]) == ("fail", "3.14", "0.0314", "0.01")
+    assert (failing["status"], failing["ratio"], failing["rel_err"], failing["allowed"], failing["rtol"]) == (
+        "fail", "3.14", "0.0314", "0.01", "0.01")
     assert (failing["layer"], failing["shape"], failing["flatten"]) == ("linear", "64x32", "False")
     error = cells["muon/linear/64x32/f32/s1"]
     assert (error["ratio"], error["rel_err"], error["max_abs"], error["max_ulp"]) == ("", "", "", "")
+
+
+def test_allowed_is_the_whole_allowance_next_to_rtol() -> None:
+    """A passing bf16 row whose rel_err exceeds rtol (the storage-rounding term dominates) shows the
+    allowance it was judged against: rel_err <= allowed exactly when it passes."""
+    row = rec("muon/linear/12x20/bf16@fp32", "reference", "pass", 0.8, param_dtype="bf16", compute_dtype="fp32",
+              rel_err=0.064, tolerance=0.002)
+    bad = rec("muon/linear/12x20/bf16@fp32/b", "reference", "fail", 1.6, param_dtype="bf16", compute_dtype="fp32",
+              rel_err=0.064, tolerance=0.002)
+    report = parse(render_html([row, bad], INFO))
+    cells = {r["data-case_id"]: dict(zip(TABLE_COLUMNS, texts)) for r, texts in zip(report.rows, report.row_cells)}
+    assert (cells[row.case_id]["rel_err"], cells[row.case_id]["allowed"], cells[row.case_id]["rtol"]) == (
+        "0.064", "0.08", "0.002")
+    assert cells[bad.case_id]["allowed"] == "0.04"
+    for r in report.rows:
+        assert (float(r["data-rel_err"]) <= float(r["data-allowed"])) == (r["data-status"] == "pass")
 
 
 def test_select_options_come_from_the_data(report: ReportParser) -> None:
@@ -214,6 +231,7 @@ def test_select_options_come_from_the_data(report: ReportParser) -> None:
     assert report.options["orthogonalizer"][1:] == ["newton_schulz", "polar_express"]
     assert report.options["backend"][1:] == ["cpu", "cuda"]
     assert report.options["layout"][1:] == ["replicated", "sharded"]
+    assert report.options["cell"][1:] == sorted({grid_cell(r) for r in RECORDS})
 
 
 def test_status_options_list_only_present_statuses() -> None:
@@ -275,6 +293,7 @@ def test_header_shows_run_context(doc: str) -> None:
 
 def test_legend_explains_ratio_and_pass_rule(doc: str) -> None:
     assert "<b>ratio</b> = error / tolerance" in doc
+    assert "<b>allowed</b> = rel_err / ratio" in doc and "storage-rounding" in doc
     assert "passes iff ratio &le; 1" in doc
     assert "never counted as pass" in doc
 
@@ -291,3 +310,72 @@ def test_inline_script_is_valid_javascript(doc: str, tmp_path) -> None:
     path = tmp_path / "report.js"
     path.write_text(script)
     subprocess.run(["node", "--check", str(path)], check=True, capture_output=True)
+
+
+def test_title_reads_verdict_target_and_tier(doc: str) -> None:
+    assert "<title>FAILED: Muon conformance of muon.reference, ci tier</title>" in doc
+    assert doc[doc.index("<h1>"):doc.index("</h1>")].endswith("FAILED</span> Muon conformance of muon.reference, ci tier")
+    passing = render_html([r for r in RECORDS if r.status == "pass"], INFO)
+    assert "<title>PASSED: Muon conformance" in passing
+    skipped = render_html([r for r in RECORDS if r.status in ("skipped", "unsupported")], INFO)
+    assert "<title>NOTHING CHECKED: Muon conformance" in skipped
+
+
+class GridParser(HTMLParser):
+    """The coverage grid's cells: data-cell -> (class, text, link)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = False
+        self.cells: dict[str, list[str]] = {}
+        self.current: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "table":
+            self.inside = a.get("id") == "coverage"
+        elif self.inside and tag == "td" and "data-cell" in a:
+            self.current = a["data-cell"]
+            self.cells[self.current] = [a["class"], "", ""]
+        elif self.inside and tag == "a" and self.current:
+            self.cells[self.current][2] = a["href"]
+
+    def handle_data(self, data: str) -> None:
+        if self.current:
+            self.cells[self.current][1] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self.current = None
+        elif tag == "table":
+            self.inside = False
+
+
+def grid(doc: str) -> dict[str, list[str]]:
+    parser = GridParser()
+    parser.feed(doc)
+    return parser.cells
+
+
+def test_coverage_grid_says_where_anything_is_wrong(doc: str, report: ReportParser) -> None:
+    """One cell per (layer, param@compute, layout) present; coloured by the worst status and ratio of
+    its records; its link filters the results to exactly its rows. Comes before the results table."""
+    cells = grid(doc)
+    assert set(cells) == {grid_cell(r) for r in RECORDS}
+    assert doc.index('id="coverage"') < doc.index('id="results"')
+    assert cells["linear|bfloat16@bfloat16|replicated"][:2] == ["g-fail", "3.14"]
+    assert cells["conv|bfloat16@float32|replicated"][:2] == ["g-fail", "12"]
+    assert cells["linear|float32@float32|replicated"][0] == "g-error"  # an error outranks the passes beside it
+    assert cells["linear|float8_e4m3fn@float32|replicated"][:2] == ["g-none", "\u2013"]
+    assert cells["linear|float32@float32|sharded"][0] == "g-none"  # skipped only
+    assert cells["embedding|float32@float32|replicated"][:2] == ["g-pass", "0.99"]
+    for key, (_, _, href) in cells.items():
+        assert href == "#cell=" + key, href
+        rows = [r for r in report.rows if r["data-cell"] == key]
+        assert rows and key in report.options["cell"]
+
+
+def test_coverage_grid_of_a_clean_run_has_no_red_and_empty_runs_say_so() -> None:
+    clean = grid(render_html([r for r in RECORDS if r.status == "pass"], INFO))
+    assert clean and {c[0] for c in clean.values()} == {"g-pass"}
+    assert "no records" in render_html([], INFO)

@@ -51,12 +51,12 @@ def table_rows(text: str, header: str) -> list[list[str]]:
 def test_verdict_failed_on_fail_or_error() -> None:
     assert render_markdown(PASSING + FAILING, INFO).splitlines()[0].startswith("# FAILED: ")
     only_error = render_markdown(PASSING + [FAILING[2]], INFO)
-    assert only_error.splitlines()[0] == "# FAILED: Muon conformance of muon.reference (ci tier)"
+    assert only_error.splitlines()[0] == "# FAILED: Muon conformance of muon.reference, ci tier"
 
 
 def test_verdict_passed_when_nothing_fails() -> None:
     text = render_markdown(PASSING, INFO)
-    assert text.splitlines()[0] == "# PASSED: Muon conformance of muon.reference (ci tier)"
+    assert text.splitlines()[0] == "# PASSED: Muon conformance of muon.reference, ci tier"
     assert "FAILED" not in text
 
 
@@ -77,7 +77,8 @@ def test_worst_failing_rows_only_and_in_order() -> None:
         ["fail", "`muon/linear/bf16/s0`", "update", "3.14"],
         ["error", "`muon/linear/f32/s9`", "update", ""],
     ]
-    assert rows[1][4:] == ["0.00314", "0.001"]
+    assert rows[1][4:] == ["0.00314", "0.001", "0.001"]
+    assert rows[2][4:] == ["", "", "0.001"]  # an error has no metrics, hence no allowance
 
 
 def test_max_rows_limits_failing_rows() -> None:
@@ -106,7 +107,7 @@ def test_final_line_names_artifact_without_links() -> None:
 def test_context_line_and_escaping() -> None:
     odd = rec("muon/a|b/`tick`", "fail", 2.0, check="<script>x</script>")
     text = render_markdown([odd], RunInfo(**{**INFO.__dict__, "target": "t|<i>"}), max_rows=1)
-    assert text.splitlines()[0] == "# FAILED: Muon conformance of t\\|&lt;i&gt; (ci tier)"
+    assert text.splitlines()[0] == "# FAILED: Muon conformance of t\\|&lt;i&gt;, ci tier"
     assert "Backends: cpu · torch 2.13.0+cpu · commit abc1234 · started 2025-01-02T03:04:05Z · 7.3 s" in text
     row = table_rows(text, "| status | case id")[0]
     assert row[1:3] == ["`` muon/a\\|b/`tick` ``", "&lt;script&gt;x&lt;/script&gt;"]

@@ -1,0 +1,39 @@
+"""Values every report derives from records the same way: the run's verdict, and the allowance.
+
+  verdict   FAILED if any record is fail or error; NOTHING CHECKED if none passed either
+            (every record unsupported or skipped); else PASSED
+  title     "<verdict>: Muon conformance of <target>, <tier> tier", the first line of every report
+  allowed   the whole allowance of a check in rel_err's units, rel_err / ratio =
+            (rtol ||delta_ref|| + storage_ulps ||ulp(x_ref)||) / ||delta_ref||  (harness.metrics);
+            a check passes iff rel_err <= allowed. The `tolerance` column holds rtol alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from reports.records import Record, RunInfo
+
+
+def verdict(records: Iterable[Record]) -> str:
+    """FAILED, PASSED or NOTHING CHECKED (see module doc)."""
+    statuses = {r.status for r in records}
+    if statuses & {"fail", "error"}:
+        return "FAILED"
+    return "PASSED" if "pass" in statuses else "NOTHING CHECKED"
+
+
+def title(records: list[Record], info: RunInfo) -> str:
+    """The report's title: verdict (INCOMPLETE first when the run was interrupted), target (name and
+    version), tier."""
+    outcome = f"INCOMPLETE ({info.interrupted}), {verdict(records)} so far" if info.interrupted else verdict(records)
+    return f"{outcome}: Muon conformance of {info.target}, {info.tier} tier"
+
+
+def allowed(record: Record) -> float:
+    """rel_err / ratio: the allowance relative to the reference update; NaN where it cannot be
+    recovered (no metrics, or a zero or non-finite ratio)."""
+    if not (math.isfinite(record.rel_err) and math.isfinite(record.ratio)) or record.ratio <= 0.0:
+        return math.nan
+    return record.rel_err / record.ratio
