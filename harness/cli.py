@@ -42,14 +42,14 @@ import torch
 from cases import TIERS, Case
 from harness.backends import get as get_backend
 from harness.details import worst_details
-from harness.pool import DEFAULT_TIMEOUT, TorchrunRanks, pools, under_torchrun
+from harness.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
 from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.selection import nearest, select
 from harness.targets import DEFAULT, load_target
 from harness.targets.base import Target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_html,
                      render_markdown, render_trend_html, save_run, status_counts)
-from reports.diff import DEFAULT_GROWTH, incomparable
+from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
 from reports.pictures import case_pictures
 from reports.store import project_commit
 
@@ -98,9 +98,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     _selection_arguments(p)
     p.add_argument("--backend", default="cpu", help=f"comma-separated backends, each once, of {', '.join(BACKENDS)}")
     p.add_argument("--target", default=DEFAULT, help="alias or MODULE:CALLABLE returning a Target (default: ours)")
-    p.add_argument("--timeout", default=DEFAULT_TIMEOUT, type=_number(0.0, inclusive=False), metavar="SECONDS",
-                   help=f"seconds a distributed case may run before its ranks count as hung "
-                        f"(default {DEFAULT_TIMEOUT:g}; under torchrun, the process group's timeout)")
+    p.add_argument("--timeout", type=_number(0.0, inclusive=False), metavar="SECONDS",
+                   help=f"seconds a distributed case may run before its ranks count as hung (default "
+                        f"{DEFAULT_TIMEOUT:g}; under torchrun it is the process group's timeout, default "
+                        f"{TORCHRUN_TIMEOUT:g})")
     p.add_argument("--out", default="out", type=Path, help="directory for results.parquet/.csv, run.json, reports")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="a stored run to diff this run against")
     p.add_argument("--growth", default=DEFAULT_GROWTH, type=_number(1.0, inclusive=True),
@@ -163,8 +164,9 @@ def _output_dir(out: Path, reading: list[Path]) -> Path:
 
 
 def _comparable(base: dict[str, Any], head: dict[str, Any], names: tuple[Path, Path], force: bool,
-                keys: tuple[str, ...] | None = None) -> None:
-    reasons = incomparable(base, head) if keys is None else incomparable(base, head, keys)
+                keys: tuple[str, ...] = COMPARABLE_BY) -> None:
+    """A usage error naming how the runs differ in `keys`, unless they do not or `force`."""
+    reasons = incomparable(base, head, keys)
     if reasons and not force:
         raise UsageError(f"{names[0]} and {names[1]} are not comparable ({'; '.join(reasons)}); "
                          f"--force compares them anyway")
@@ -203,14 +205,14 @@ def _target(spec: str) -> Target:
         raise UsageError(f"target {spec!r} could not be loaded: {type(exc).__name__}: {text}") from None
 
 
-def _torchrun_ranks(names: list[str], timeout: float) -> TorchrunRanks | None:
+def _torchrun_ranks(names: list[str], timeout: float | None) -> TorchrunRanks | None:
     """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise."""
     if not under_torchrun():
         return None
     distributed = [n for n in names if get_backend(n).distributed]
     if len(distributed) != 1:
         raise UsageError(f"under torchrun name exactly one distributed backend (gloo or nccl); got {','.join(names)}")
-    return TorchrunRanks(distributed[0], pg_timeout=timeout)
+    return TorchrunRanks(distributed[0], TORCHRUN_TIMEOUT if timeout is None else timeout)
 
 
 @contextmanager

@@ -58,6 +58,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a task may run on a pool before it counts as hung (`run --timeout` overrides it)."""
+TORCHRUN_TIMEOUT = 600.0
+"""Seconds of the process group's timeout under torchrun, where it is what ends a hang."""
 STARTUP_TIMEOUT = 180.0
 """Seconds a new pool's ranks may take to import torch and rendezvous (2 cores, 4 ranks: ~10)."""
 GRACE = 3.0
@@ -379,7 +381,7 @@ def under_torchrun() -> bool:
 class TorchrunRanks:
     """The ranks of a torchrun world, as a task runner (see module doc). Call on every rank."""
 
-    def __init__(self, backend: str, pg_timeout: float = 600.0) -> None:
+    def __init__(self, backend: str, pg_timeout: float = TORCHRUN_TIMEOUT) -> None:
         self.backend = backend
         if not dist.is_initialized():
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=pg_timeout))
@@ -425,5 +427,5 @@ class TorchrunRanks:
         dist.destroy_process_group()
 
 
-__all__ = ["DEFAULT_TIMEOUT", "PoolError", "RankContext", "RankPool", "SpawnedPools", "TaskResult", "TorchrunRanks",
+__all__ = ["DEFAULT_TIMEOUT", "TORCHRUN_TIMEOUT", "PoolError", "RankContext", "RankPool", "SpawnedPools", "TaskResult", "TorchrunRanks",
            "pools", "under_torchrun"]
