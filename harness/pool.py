@@ -127,7 +127,11 @@ def _die_with_parent(parent: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    watch_parent(parent)
 
+
+def watch_parent(parent: int) -> None:
+    """Exit this process (status 1) from a daemon thread as soon as its parent is no longer `parent`."""
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(WATCHDOG_SECONDS)
