@@ -305,7 +305,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
-                   interrupted=str(stopped).removeprefix("interrupted by ") if stopped else "")
+                   interrupted=stopped.reason if stopped else "")
     save_run(records, info, args.out)
     pictures = {(d.case_id, d.check): case_pictures(d.where, d.error, d.sv_judged, d.sv_reference)
                 for d in worst_details(records, target)}

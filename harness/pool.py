@@ -18,8 +18,10 @@ Spawned pools (`RankPool`, one per (backend, world size), via `pools()`):
     failed (its stacks);
   - a rank's stdout and stderr go to its log, and faulthandler writes the Python stacks of a
     fatal signal (SIGSEGV, SIGABRT, ...) there, so a crashed rank leaves its last output;
-  - ranks die with the harness: Linux's parent-death signal (prctl PR_SET_PDEATHSIG, SIGKILL)
-    and, elsewhere too, a watchdog thread that exits the rank once its parent pid changes;
+  - ranks die with the harness: Linux's parent-death signal (prctl PR_SET_PDEATHSIG, SIGKILL;
+    it fires when the *thread* that spawned the rank ends, so pools belong to long-lived
+    threads, as the harness's main thread) and, elsewhere too, a watchdog thread that exits
+    the rank once its parent pid changes;
     a task interrupted in the parent (SIGINT, SIGTERM turned into an exception by the CLI)
     closes its pool, which kills the ranks and removes the temporary directory.
 
