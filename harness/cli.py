@@ -266,10 +266,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         base = _load(args.baseline)
         head = {"tier": args.tier, "targets": [target.name], "backends": ",".join(backends)}
         _comparable(base[1], head, (args.baseline, Path("this run")), args.force, ("tier", "targets", "backends"))
+    _output_dir(args.out, [args.baseline] if args.baseline is not None else [])  # every torchrun rank refuses alike
     ranks = _torchrun_ranks(backends, args.timeout)
-    driver = ranks is None or ranks.is_driver
-    if driver:
-        _output_dir(args.out, [args.baseline] if args.baseline is not None else [])
     try:
         with _stop_on_signals():
             return _run(args, target, backends, cases, base, ranks)
