@@ -43,14 +43,14 @@ import torch.distributed as dist
 from cases import TIERS, Case
 from harness.backends import get as get_backend
 from harness.details import Pictures
-from harness.pool import DEFAULT_TIMEOUT, TorchrunRanks, pools, under_torchrun
+from harness.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
 from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.selection import nearest, select
 from harness.targets import DEFAULT, load_target
 from harness.targets.base import Target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_html,
                      render_markdown, render_trend_html, save_run, status_counts)
-from reports.diff import DEFAULT_GROWTH, incomparable
+from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
 from reports.pictures import case_pictures
 from reports.store import project_commit
 
@@ -99,9 +99,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     _selection_arguments(p)
     p.add_argument("--backend", default="cpu", help=f"comma-separated backends, each once, of {', '.join(BACKENDS)}")
     p.add_argument("--target", default=DEFAULT, help="alias or MODULE:CALLABLE returning a Target (default: ours)")
-    p.add_argument("--timeout", default=DEFAULT_TIMEOUT, type=_number(0.0, inclusive=False), metavar="SECONDS",
-                   help=f"seconds a distributed case may run before its ranks count as hung "
-                        f"(default {DEFAULT_TIMEOUT:g}; under torchrun, the process group's timeout)")
+    p.add_argument("--timeout", type=_number(0.0, inclusive=False), metavar="SECONDS",
+                   help=f"seconds a distributed case may run before its ranks count as hung (default "
+                        f"{DEFAULT_TIMEOUT:g}; under torchrun it is the process group's timeout, default "
+                        f"{TORCHRUN_TIMEOUT:g})")
     p.add_argument("--out", default="out", type=Path, help="directory for results.parquet/.csv, run.json, reports")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="a stored run to diff this run against")
     p.add_argument("--growth", default=DEFAULT_GROWTH, type=_number(1.0, inclusive=True),
@@ -164,8 +165,9 @@ def _output_dir(out: Path, reading: list[Path]) -> Path:
 
 
 def _comparable(base: dict[str, Any], head: dict[str, Any], names: tuple[Path, Path], force: bool,
-                keys: tuple[str, ...] | None = None) -> None:
-    reasons = incomparable(base, head) if keys is None else incomparable(base, head, keys)
+                keys: tuple[str, ...] = COMPARABLE_BY) -> None:
+    """A usage error naming how the runs differ in `keys`, unless they do not or `force`."""
+    reasons = incomparable(base, head, keys)
     if reasons and not force:
         raise UsageError(f"{names[0]} and {names[1]} are not comparable ({'; '.join(reasons)}); "
                          f"--force compares them anyway")
@@ -204,7 +206,7 @@ def _target(spec: str) -> Target:
         raise UsageError(f"target {spec!r} could not be loaded: {type(exc).__name__}: {text}") from None
 
 
-def _torchrun_ranks(names: list[str], timeout: float) -> TorchrunRanks | None:
+def _torchrun_ranks(names: list[str], timeout: float | None) -> TorchrunRanks | None:
     """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise, and
     None where that backend cannot run here (nccl without NCCL or a GPU per rank): rank 0 then records
     every case as skipped with the reason, and the other ranks stop."""
@@ -216,7 +218,7 @@ def _torchrun_ranks(names: list[str], timeout: float) -> TorchrunRanks | None:
     gpus_needed = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # one GPU per rank of this node
     if distributed[0] == "nccl" and not (dist.is_nccl_available() and torch.cuda.device_count() >= gpus_needed):
         return None
-    return TorchrunRanks(distributed[0], pg_timeout=timeout)
+    return TorchrunRanks(distributed[0], TORCHRUN_TIMEOUT if timeout is None else timeout)
 
 
 @contextmanager
@@ -270,12 +272,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         base = _load(args.baseline)
         head = {"tier": args.tier, "targets": [target.name], "backends": ",".join(backends)}
         _comparable(base[1], head, (args.baseline, Path("this run")), args.force, ("tier", "targets", "backends"))
+    _output_dir(args.out, [args.baseline] if args.baseline is not None else [])  # every torchrun rank refuses alike
     ranks = _torchrun_ranks(backends, args.timeout)
     if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
         return 0
-    driver = ranks is None or ranks.is_driver
-    if driver:
-        _output_dir(args.out, [args.baseline] if args.baseline is not None else [])
     try:
         with _stop_on_signals():
             return _run(args, target, backends, cases, base, ranks)
@@ -313,7 +313,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
-                   interrupted=str(stopped).removeprefix("interrupted by ") if stopped else "")
+                   interrupted=stopped.reason if stopped else "")
     save_run(records, info, args.out)
     drawn = {d.key: case_pictures(d.where, d.error, d.sv_judged, d.sv_reference) for d in pictures.details()}
     (args.out / "report.html").write_text(render_html(records, info, drawn))

@@ -18,8 +18,10 @@ Spawned pools (`RankPool`, one per (backend, world size), via `pools()`):
     failed (its stacks);
   - a rank's stdout and stderr go to its log, and faulthandler writes the Python stacks of a
     fatal signal (SIGSEGV, SIGABRT, ...) there, so a crashed rank leaves its last output;
-  - ranks die with the harness: Linux's parent-death signal (prctl PR_SET_PDEATHSIG, SIGKILL)
-    and, elsewhere too, a watchdog thread that exits the rank once its parent pid changes;
+  - ranks die with the harness: Linux's parent-death signal (prctl PR_SET_PDEATHSIG, SIGKILL;
+    it fires when the *thread* that spawned the rank ends, so pools belong to long-lived
+    threads, as the harness's main thread) and, elsewhere too, a watchdog thread that exits
+    the rank once its parent pid changes;
     a task interrupted in the parent (SIGINT, SIGTERM turned into an exception by the CLI)
     closes its pool, which kills the ranks and removes the temporary directory.
 
@@ -58,6 +60,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a task may run on a pool before it counts as hung (`run --timeout` overrides it)."""
+TORCHRUN_TIMEOUT = 600.0
+"""Seconds of the process group's timeout under torchrun, where it is what ends a hang."""
 STARTUP_TIMEOUT = 180.0
 """Seconds a new pool's ranks may take to import torch and rendezvous (2 cores, 4 ranks: ~10)."""
 GRACE = 3.0
@@ -125,7 +129,11 @@ def _die_with_parent(parent: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    watch_parent(parent)
 
+
+def watch_parent(parent: int) -> None:
+    """Exit this process (status 1) from a daemon thread as soon as its parent is no longer `parent`."""
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(WATCHDOG_SECONDS)
@@ -379,7 +387,7 @@ def under_torchrun() -> bool:
 class TorchrunRanks:
     """The ranks of a torchrun world, as a task runner (see module doc). Call on every rank."""
 
-    def __init__(self, backend: str, pg_timeout: float = 600.0) -> None:
+    def __init__(self, backend: str, pg_timeout: float = TORCHRUN_TIMEOUT) -> None:
         self.backend = backend
         if not dist.is_initialized():
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=pg_timeout))
@@ -425,5 +433,5 @@ class TorchrunRanks:
         dist.destroy_process_group()
 
 
-__all__ = ["DEFAULT_TIMEOUT", "PoolError", "RankContext", "RankPool", "SpawnedPools", "TaskResult", "TorchrunRanks",
+__all__ = ["DEFAULT_TIMEOUT", "TORCHRUN_TIMEOUT", "PoolError", "RankContext", "RankPool", "SpawnedPools", "TaskResult", "TorchrunRanks",
            "pools", "under_torchrun"]

@@ -3,9 +3,9 @@ least every `interval` seconds, also while one long case runs (from a daemon thr
 
 A status line reads
 
-    [   40/  180]   61.3s  212 checks, 0 failing  0.65 cases/s, 3.46 checks/s, ~3m35s left
+    [ done/total] elapsed  N checks, F failing  R cases/s, C checks/s, ~T left
 
-the estimate of the time left being the cases still to run over the mean rate so far.
+the estimate T of the time left being the cases still to run over the mean rate R so far.
 """
 
 from __future__ import annotations

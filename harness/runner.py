@@ -40,11 +40,13 @@ class Stop(BaseException):
 
 
 class Interrupted(Exception):
-    """A run stopped by `Stop` (or Ctrl-C): `records` of the `done` cases it finished out of `total`."""
+    """A run stopped by `Stop` (or Ctrl-C): `records` of the cases it finished, `reason` ("SIGTERM
+    after 12 of 40 cases") and `signum`."""
 
     def __init__(self, records: list[Record], done: int, total: int, signum: int) -> None:
-        super().__init__(f"interrupted by {signal.Signals(signum).name} after {done} of {total} cases")
-        self.records, self.done, self.total, self.signum = records, done, total, signum
+        self.reason = f"{signal.Signals(signum).name} after {done} of {total} cases"
+        super().__init__(f"interrupted by {self.reason}")
+        self.records, self.signum = records, signum
 
 
 def repro_command(case: Case, target_spec: str, backend: str) -> str:

@@ -214,3 +214,17 @@ def test_sigint_writes_the_finished_cases_marked_incomplete(tmp_path):
     assert 0 < context["records"] and len({r.split(",")[0] for r in (out / "results.csv").read_text().splitlines()[1:]}) == done
     assert "INCOMPLETE" in (out / "summary.md").read_text() and "INCOMPLETE" in (out / "report.html").read_text()
     assert math.isfinite(context["seconds"])
+
+
+def test_timeout_reaches_the_runner(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout):
+        seen[backend] = timeout
+        return []
+
+    monkeypatch.setattr(cli, "run", fake_run)
+    assert cli.main(["run", "--select", CASE, "--timeout", "7.5", "--out", str(tmp_path / "a"), "--quiet"]) == 1
+    assert seen == {"cpu": 7.5}
+    assert cli.main(["run", "--select", CASE, "--out", str(tmp_path / "b"), "--quiet"]) == 1  # nothing checked
+    assert seen == {"cpu": None} and json.loads((tmp_path / "b" / "run.json").read_text())["complete"] is True

@@ -205,3 +205,19 @@ def test_ranks_die_with_a_parent_killed_outright(tmp_path):
     proc.kill()  # no handler, no atexit: only the ranks' parent-death signal and watchdog can end them
     proc.communicate(timeout=60)
     _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks), 10, "the ranks to exit")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_watchdog_alone_ends_a_process_whose_parent_dies(tmp_path):
+    """Without the parent-death signal (other platforms), the watchdog thread still ends the rank."""
+    grandchild = ("import os, time\nfrom harness.pool import watch_parent\nwatch_parent(os.getppid())\n"
+                  "print('watching', flush=True)\ntime.sleep(600)\n")
+    middle = (f"import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
+              f"print(p.pid, flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", middle], cwd=Path(__file__).parent.parent,
+                            stdout=subprocess.PIPE, text=True)
+    pid = int(proc.stdout.readline())
+    assert proc.stdout.readline().strip() == "watching"
+    proc.kill()
+    proc.wait(timeout=30)
+    _wait(lambda: not Path(f"/proc/{pid}").exists(), 10, "the watched process to exit")
