@@ -91,14 +91,16 @@ class Muon(torch.optim.Optimizer):
         return {**state, checkpoint.VERSION_KEY: checkpoint.LAYOUT_VERSION}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state of this layout; ValueError, with the live state untouched, for any other.
-        Each group keeps its live algorithm (a record stays a record)."""
+        """Load a state of this layout (optimizers/checkpoint.py); ValueError, with the live state
+        untouched, for any other. Each group keeps its live algorithm (a record stays a record) and
+        the options the saved group does not name."""
         checkpoint.validate(state_dict, self.param_groups)
         self._cached = None
-        algorithms = [group["algorithm"] for group in self.param_groups]
+        groups = [checkpoint.loaded_group(i, saved, live)
+                  for i, (saved, live) in enumerate(zip(state_dict["param_groups"], self.param_groups))]
         super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.VERSION_KEY})
-        for group, algorithm in zip(self.param_groups, algorithms):
-            group["algorithm"] = algorithm
+        for group, loaded in zip(self.param_groups, groups):
+            group.update({k: v for k, v in loaded.items() if k != "params"})
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:

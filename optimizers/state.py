@@ -38,8 +38,10 @@ def check(where: str, p: torch.Tensor, entry: Any, algorithm: Algorithm, group: 
     if not entry:
         return
     expected = [key.name for key in algorithm.state]
-    if set(entry) != set(expected):
-        raise ValueError(f"{where}: state holds keys {sorted(entry)}; algorithm {algorithm.name!r} keeps "
+    missing, extra = sorted(set(expected) - set(entry)), sorted(map(str, set(entry) - set(expected)))
+    if missing or extra:
+        problems = ([f"lacks {missing}"] if missing else []) + ([f"has extra keys {extra}"] if extra else [])
+        raise ValueError(f"{where}: state {' and '.join(problems)}; algorithm {algorithm.name!r} keeps "
                          f"{sorted(expected)}")
     for key in algorithm.state:
         value, at = entry[key.name], f"{where}: {key.name}"

@@ -9,60 +9,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
+from harness.checkpoint import differences, snapshot
 from optimizers import Muon, NorMuon
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and type(a) is type(b)
-                and a.dtype == b.dtype and a.shape == b.shape and a.layout == b.layout
-                and (a.layout != torch.strided or torch.equal(a.nan_to_num(), b.nan_to_num())
-                     and torch.equal(a.isnan(), b.isnan())))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
-
-
-def _copy(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone()
-    if isinstance(v, (list, tuple)):
-        return type(v)(_copy(x) for x in v)
-    return v
-
-
-def snapshot(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """Every parameter and gradient (values, dtype, shape), every state entry of every parameter, and every
-    group's options and parameter list."""
-    params = [p for g in opt.param_groups for p in g["params"]]
-    return {
-        "params": [_copy(p) for p in params],
-        "grads": [None if p.grad is None else _copy(p.grad) for p in params],
-        "state": {id(p): {k: _copy(v) for k, v in s.items()} for p, s in opt.state.items()},
-        "groups": [{k: [id(p) for p in v] if k == "params" else _copy(v) for k, v in g.items()}
-                   for g in opt.param_groups],
-    }
-
-
-def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """What changed between two snapshots, as readable lines (empty: nothing)."""
-    found = []
-    for kind in ("params", "grads"):
-        found += [f"{kind[:-1]} {i} changed" for i, (a, b) in enumerate(zip(before[kind], after[kind]))
-                  if not _same(a, b)]
-    if set(before["state"]) != set(after["state"]):
-        found.append("the set of parameters with a state entry changed")
-    for key, entry in before["state"].items():
-        new = after["state"].get(key, {})
-        if set(entry) != set(new):
-            found.append(f"state keys changed: {sorted(entry)} -> {sorted(new)}")
-        found += [f"state {name!r} changed" for name in entry if name in new and not _same(entry[name], new[name])]
-    if len(before["groups"]) != len(after["groups"]):
-        found.append("the number of param groups changed")
-    for i, (a, b) in enumerate(zip(before["groups"], after["groups"])):
-        found += [f"param group {i} option {k!r} changed" for k in set(a) | set(b)
-                  if k not in a or k not in b or not _same(a[k], b[k])]
-    return found
 
 
 def failure_changes(opt: torch.optim.Optimizer, call: Callable[[], Any], error: type[Exception],
@@ -192,7 +140,8 @@ def test_the_snapshot_check_flags_a_call_that_writes_before_failing():
         opt.param_groups[1]["lr"] = 0.5
         raise ValueError("late check")
     changes = failure_changes(opt, half_step, ValueError, "late check")
-    assert changes == ["param 0 changed", "state 'momentum_buffer' changed", "param group 1 option 'lr' changed"]
+    assert changes == ["param 0 changed", "state 'momentum_buffer' of parameter 1 changed",
+                       "param group 1 option 'lr' changed"]
 
 
 @pytest.mark.parametrize("empty, flatten", [((0, 4), False), ((2, 0, 3, 3), True), ((4, 0), True)])
