@@ -7,15 +7,16 @@ is never merged with the matrix axes, so each parameter gets exactly the update 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
-from optimizers import checkpoint, distributed
+from optimizers import checkpoint, distributed, plan
+from optimizers.agreement import agree
 from optimizers.algorithms import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, resolve
 from optimizers.groups import check_group, filled
-from optimizers.validation import check_grad, check_layouts
+from optimizers.validation import check_layouts
 
 OPTIONS = frozenset(k for a in REGISTRY.values() for k in a.defaults)
 """Options the constructor takes beyond its named ones: those of every registered algorithm."""
@@ -49,6 +50,8 @@ class Muon(torch.optim.Optimizer):
 
     Raises ValueError/TypeError before touching anything on bad options or parameters.
     """
+
+    _cached: _Cached | None = None  # the last validated plan (a class default: survives copy and pickle)
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = MUON.defaults["momentum"],
                  nesterov: bool = MUON.defaults["nesterov"], weight_decay: float = 0.0,
@@ -91,77 +94,60 @@ class Muon(torch.optim.Optimizer):
         return {**state, checkpoint.VERSION_KEY: checkpoint.LAYOUT_VERSION}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state of this layout; ValueError, with the live state untouched, for any other.
-        Each group keeps its live algorithm (a record stays a record)."""
+        """Load a state of this layout (optimizers/checkpoint.py); ValueError, with the live state
+        untouched, for any other. Each group keeps its live algorithm (a record stays a record) and
+        the options the saved group does not name."""
         checkpoint.validate(state_dict, self.param_groups)
-        algorithms = [group["algorithm"] for group in self.param_groups]
+        self._cached = None
+        groups = [checkpoint.loaded_group(i, saved, live)
+                  for i, (saved, live) in enumerate(zip(state_dict["param_groups"], self.param_groups))]
         super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.VERSION_KEY})
-        for group, algorithm in zip(self.param_groups, algorithms):
-            group["algorithm"] = algorithm
+        for group, loaded in zip(self.param_groups, groups):
+            group.update({k: v for k, v in loaded.items() if k != "params"})
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        """One step for every parameter that has a gradient."""
+        """One step for every parameter that has a gradient, all or nothing: every check runs before
+        the first write (optimizers/plan.py); under a process group every rank checks that every
+        rank accepted its step and steps the same parameters (optimizers/agreement.py)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        algorithms = []
-        for index, group in enumerate(self.param_groups):
-            algorithm = check_group(index, group)
-            if not algorithm.elementwise:
-                check_layouts(f"param group {index}", group["params"], self._group, algorithm.check_layout)
-            for p in group["params"]:
-                if p.grad is not None:
-                    check_grad(f"param group {index}", p)
-            algorithms.append(algorithm)
-        for group, algorithm in zip(self.param_groups, algorithms):
-            if algorithm.elementwise:
-                self._elementwise_group(group, algorithm)
-            else:
-                self._matrix_group(group, algorithm)
+        plan.execute(self._plan(), self.state)
         return loss
 
-    def _state(self, p: torch.Tensor, group: dict[str, Any], algorithm: Algorithm) -> dict[str, Any]:
-        """`p`'s state, its algorithm's missing keys created as zeros placed like `p`."""
-        state = self.state[p]
-        for key in algorithm.state:
-            if key.name not in state:
-                state[key.name] = 0 if key.shape is None else \
-                    distributed.zeros_placed_like(p, key.shape(tuple(p.shape), group))
-        return state
+    def _plan(self) -> list[plan.GroupPlan]:
+        """The validated plan of this step: the cached one while its key holds, else a new one."""
+        key, held = plan.cache_key(self.param_groups, self.state)
+        cached, error = self._cached, None
+        if cached is None or cached.key != key:
+            cached = None
+            try:
+                plans = plan.make_plan(self.param_groups, self.state, self._group)
+            except (ValueError, TypeError) as exc:
+                plans, error = [], exc
+            fingerprint = plan.fingerprint(self.param_groups) if self._group is not None else []
+            cached = _Cached(key, held, plans, fingerprint, plan.digest(fingerprint))
+        if self._group is not None:
+            agree(self._group, cached.fingerprint, cached.digest, error)
+        if error is not None:
+            self._cached = None
+            raise error
+        self._cached = cached
+        return cached.plans
 
-    def _elementwise_group(self, group: dict[str, Any], algorithm: Algorithm) -> None:
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self._state(p, group, algorithm)
-            update = algorithm.direction(p.grad, state, group)
-            algorithm.apply(distributed.local(p), update, state, group, algorithm.lr_scale(tuple(p.shape), group))
 
-    def _matrix_group(self, group: dict[str, Any], algorithm: Algorithm) -> None:
-        buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            update = algorithm.direction(p.grad, self._state(p, group, algorithm), group)
-            buckets[(tuple(p.shape), p.dtype, p.device, distributed.placements(p))].append((p, update))
-        matrix_update = algorithm.matrix_update(group)
-        first_owner = 0  # spreads the megabatches of a step over the ranks
-        for (shape, *_), entries in buckets.items():
-            params = [p for p, _ in entries]
-            stack = torch.stack([u for _, u in entries])
-            if self._group is None:
-                updates = matrix_update(stack)
-            else:
-                layout = distributed.layout_of(params[0], self._group, first_owner)
-                updates = algorithm.exchange(stack, layout, matrix_update)
-                first_owner += len(entries)
-            states = [self.state[p] for p in params]
-            updates = algorithm.postprocess(updates, states, group)
-            scale = algorithm.lr_scale(shape, group)
-            for p, state, update in zip(params, states, updates.unbind(0)):
-                algorithm.apply(distributed.local(p), update, state, group, scale)
+@dataclass(frozen=True)
+class _Cached:
+    """A validated plan and what it was made from (optimizers.plan.cache_key); `held` keeps the state
+    tensors the key names by id alive, so their ids cannot be reused."""
+
+    key: tuple
+    held: list
+    plans: list[plan.GroupPlan]
+    fingerprint: list[tuple]
+    digest: int
 
 
 class NorMuon(Muon):

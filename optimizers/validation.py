@@ -14,7 +14,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-COMPUTE_DTYPES = (None, torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_real(where: str, name: str, value: Any, low: float = -math.inf, high: float = math.inf,
@@ -42,18 +41,23 @@ def check_params(where: str, params: Iterable[torch.Tensor], min_ndim: int) -> N
                              f"2+ dims (put 1-D, scalar and embedding parameters in an 'adamw' group)")
 
 
-def check_grad(where: str, p: torch.Tensor) -> None:
-    """A gradient Muon can use: dense, real, same shape (and DTensor placements) as its parameter."""
-    g = p.grad
-    if g.is_sparse:
-        raise TypeError(f"{where}: sparse gradients are not supported")
-    if g.is_complex():
-        raise TypeError(f"{where}: complex gradients are not supported")
+def check_grad(where: str, index: int, p: torch.Tensor) -> None:
+    """A gradient the optimizer can use: dense, of its parameter's dtype, device and shape, a DTensor
+    with the parameter's placements exactly when the parameter is one."""
+    g, at = p.grad, f"{where}: parameter {index}"
+    if g.layout != torch.strided:
+        raise TypeError(f"{at}: sparse gradients ({g.layout}) are not supported")
+    if g.dtype != p.dtype:
+        raise TypeError(f"{at}: gradient dtype {g.dtype} != parameter dtype {p.dtype}")
+    if g.device != p.device:
+        raise ValueError(f"{at}: gradient on {g.device}, parameter on {p.device}")
     if g.shape != p.shape:
-        raise ValueError(f"{where}: gradient shape {tuple(g.shape)} != parameter shape {tuple(p.shape)}")
-    if isinstance(p, DTensor) and (not isinstance(g, DTensor) or tuple(g.placements) != tuple(p.placements)):
+        raise ValueError(f"{at}: gradient shape {tuple(g.shape)} != parameter shape {tuple(p.shape)}")
+    if isinstance(g, DTensor) != isinstance(p, DTensor) or \
+            (isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements)):
         got = tuple(g.placements) if isinstance(g, DTensor) else "a plain tensor"
-        raise ValueError(f"{where}: gradient placements {got} != parameter placements {tuple(p.placements)}")
+        want = tuple(p.placements) if isinstance(p, DTensor) else "a plain tensor"
+        raise ValueError(f"{at}: gradient placements {got} != parameter placements {want}")
 
 
 def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None,

@@ -158,3 +158,65 @@ def test_process_group_and_device_mesh_agree_and_replicas_are_bitwise_equal(worl
     result = pools().run("gloo", world_size, group_and_mesh)
     assert result.ok, result.describe()
     assert all(result.values)
+
+
+def disagreements(ctx) -> dict[str, str]:
+    """Rank side: ranks that step different parameter sets, or a rank that rejects its step, make every
+    rank raise before any rank writes (no hang, nothing changed); the first step after a good one
+    (a cached plan) is checked too."""
+    out: dict[str, str] = {}
+
+    def params(shapes, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        ps = [nn.Parameter(torch.randn(*s, generator=g)) for s in shapes]
+        for p in ps:
+            p.grad = torch.randn(*p.shape, generator=g)
+        return ps
+
+    def attempt(name, ps, opt):
+        before = [p.detach().clone() for p in ps]
+        state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in opt.state.items()}
+        try:
+            opt.step()
+            out[name] = "no error"
+        except (TypeError, ValueError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+        same_state = state.keys() == {id(p) for p in opt.state} and all(
+            torch.equal(v, opt.state[p][k]) for p in opt.state for k, v in state[id(p)].items())
+        out[name + " unchanged"] = str(all(torch.equal(a, p) for a, p in zip(before, ps)) and same_state)
+
+    ps = params([(4, 6)] * 3)
+    if ctx.rank == 1:
+        ps[1].grad = None
+    attempt("grad None on one rank", ps, optimizers.Muon(ps, mesh=ctx.mesh))
+    ps = params([(4, 6), (4, 6) if ctx.rank == 0 else (5, 6), (3, 3)])
+    attempt("shape mismatch", ps, optimizers.Muon(ps, mesh=ctx.mesh))
+    ps = params([(4, 6)] * 2)
+    opt = optimizers.Muon(ps, mesh=ctx.mesh)
+    opt.step()
+    if ctx.rank == 1:
+        ps[0].grad = None
+    attempt("grad None after a cached step", ps, opt)
+    ps = params([(4, 6)] * 2)
+    opt = optimizers.Muon(ps, mesh=ctx.mesh)
+    if ctx.rank == 1:
+        opt.param_groups[0]["lr"] = float("nan")
+    attempt("rejected on one rank", ps, opt)
+    return out
+
+
+def test_ranks_that_disagree_all_raise_before_any_rank_writes():
+    result = pools().run("gloo", 2, disagreements)
+    assert result.ok, result.describe()
+    first, second = result.values
+    for name in ("grad None on one rank", "shape mismatch", "grad None after a cached step"):
+        assert first[name] == second[name], name  # the same ValueError on every rank
+        assert first[name].startswith("ValueError: ranks step different parameter sets"), first[name]
+        assert first[name + " unchanged"] == second[name + " unchanged"] == "True", name
+    assert "param group 0 parameter 1" in first["grad None on one rank"] and "without a gradient" in \
+        first["grad None on one rank"]
+    assert "(4, 6)" in first["shape mismatch"] and "(5, 6)" in first["shape mismatch"]
+    assert "parameter 0" in first["grad None after a cached step"]
+    assert second["rejected on one rank"].startswith("ValueError: param group 0: lr must be finite")
+    assert first["rejected on one rank"].startswith("ValueError: rank 1 rejected this step")
+    assert first["rejected on one rank unchanged"] == second["rejected on one rank unchanged"] == "True"

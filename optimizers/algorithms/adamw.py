@@ -41,7 +41,8 @@ def adam_apply(x: torch.Tensor, update: torch.Tensor, state: State, group: Group
     beta1, beta2 = group["betas"]
     t, lr = state["step"], group["lr"]
     denom = (local(state["exp_avg_sq"]) / (1.0 - beta2**t)).sqrt_().add_(group["adamw_eps"])
-    x.mul_(1.0 - lr * group["weight_decay"])
+    if group["weight_decay"]:
+        x.mul_(1.0 - lr * group["weight_decay"])
     x.addcdiv_(update, denom, value=-lr * scale / (1.0 - beta1**t))
 
 

@@ -112,8 +112,9 @@ def unit_lr_scale(shape: tuple[int, ...], group: Group) -> float:
 
 
 def decoupled_apply(x: torch.Tensor, update: torch.Tensor, state: State, group: Group, scale: float) -> None:
-    """X <- X (1 - lr wd);  X <- X - lr scale update."""
-    x.mul_(1.0 - group["lr"] * group["weight_decay"])
+    """X <- X (1 - lr wd);  X <- X - lr scale update. (No multiply by 1 when wd = 0: same bits.)"""
+    if group["weight_decay"]:
+        x.mul_(1.0 - group["lr"] * group["weight_decay"])
     x.add_(update, alpha=-group["lr"] * scale)
 
 

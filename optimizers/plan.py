@@ -1,0 +1,154 @@
+"""A step in two passes: plan, then execute.
+
+`make_plan` runs every check of a step: each group's options (its algorithm's validator), its
+parameters' DTensor layouts, every gradient (dense, the parameter's dtype, device, shape and
+placements), every existing state entry (optimizers/state.py) and every megabatch's distributed
+layout; it returns what will run. `execute` then creates missing state and runs the algorithm
+stages; it writes, and it cannot fail on input the plan accepted. So a step either raises having
+changed nothing (no parameter, gradient, state entry or group touched) or steps every parameter.
+
+A parameter with no elements (a 0-size dim) is a no-op, as in torch's own optimizers: it gets no
+state and leaves the others stepping exactly as without it.
+
+`cache_key` is what a plan depends on; a plan is reused while the key is unchanged (see
+optimizers/muon.py), so that a step re-validates only when the parameter set, a gradient's kind,
+a group option or a state entry changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from optimizers import distributed, state as param_state
+from optimizers.algorithms import Algorithm
+from optimizers.groups import check_group
+from optimizers.validation import check_grad, check_layouts
+
+
+@dataclass(frozen=True)
+class Megabatch:
+    """Same-shape parameters of one group stepped in one batched call; `layout`: how they lie on the
+    ranks (None in one process)."""
+
+    shape: tuple[int, ...]
+    params: tuple[torch.Tensor, ...]
+    layout: distributed.Layout | None
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group's step: `params` are those with a gradient and at least one element, in order;
+    `megabatches` partition them for a matrix algorithm (empty for an elementwise one)."""
+
+    group: dict[str, Any]
+    algorithm: Algorithm
+    params: tuple[torch.Tensor, ...]
+    megabatches: tuple[Megabatch, ...]
+
+
+def make_plan(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any],
+              process_group: dist.ProcessGroup | None) -> list[GroupPlan]:
+    """Check everything a step reads (module docstring); ValueError/TypeError naming the group,
+    the parameter and the option or key. Reads only: `state` entries are not created."""
+    plans = []
+    for index, group in enumerate(param_groups):
+        where = f"param group {index}"
+        algorithm = check_group(index, group)
+        if not algorithm.elementwise:
+            check_layouts(where, group["params"], process_group, algorithm.check_layout)
+        stepped = []
+        for i, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            check_grad(where, i, p)
+            if p.numel() == 0:
+                continue
+            if p in state:
+                param_state.check(f"{where} parameter {i}", p, state[p], algorithm, group)
+            stepped.append(p)
+        plans.append(GroupPlan(group, algorithm, tuple(stepped),
+                               () if algorithm.elementwise else _megabatches(stepped, process_group)))
+    return plans
+
+
+def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | None) -> tuple[Megabatch, ...]:
+    """Group `params` by (shape, dtype, device, placements), in first-appearance order; under a
+    process group, member j of the step's megabatches in order is owned by rank j mod W."""
+    buckets: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        buckets.setdefault((tuple(p.shape), p.dtype, p.device, distributed.placements(p)), []).append(p)
+    out, first_owner = [], 0
+    for (shape, *_), members in buckets.items():
+        layout = None
+        if process_group is not None:
+            layout = distributed.layout_of(members[0], process_group, first_owner)
+            first_owner += len(members)
+        out.append(Megabatch(shape, tuple(members), layout))
+    return tuple(out)
+
+
+def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> None:
+    """Run every group's stages (optimizers/algorithms/base.py) as planned."""
+    for plan in plans:
+        algorithm, group = plan.algorithm, plan.group
+        if algorithm.elementwise:
+            for p in plan.params:
+                entry = param_state.create(p, state[p], algorithm, group)
+                update = algorithm.direction(p.grad, entry, group)
+                algorithm.apply(distributed.local(p), update, entry, group, algorithm.lr_scale(tuple(p.shape), group))
+            continue
+        directions = {}
+        for p in plan.params:
+            directions[p] = algorithm.direction(p.grad, param_state.create(p, state[p], algorithm, group), group)
+        matrix_update = algorithm.matrix_update(group)
+        for batch in plan.megabatches:
+            stack = torch.stack([directions[p] for p in batch.params])
+            if batch.layout is None:
+                updates = matrix_update(stack)
+            else:
+                updates = algorithm.exchange(stack, batch.layout, matrix_update)
+            entries = [state[p] for p in batch.params]
+            updates = algorithm.postprocess(updates, entries, group)
+            scale = algorithm.lr_scale(batch.shape, group)
+            for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
+                algorithm.apply(distributed.local(p), update, entry, group, scale)
+
+
+def cache_key(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]) -> tuple[tuple, list]:
+    """(key, objects): what a plan depends on, compared with ==: every group option with its type
+    (lists as tuples), every parameter's identity, shape, dtype, device and placements, its gradient's kind
+    (shape, dtype, device, layout, placements; not its values), and its state entries (a tensor by
+    identity, a step count by validity). `objects` are the state tensors named by identity: a cache
+    holding them keeps their ids from being reused by other tensors."""
+    parts: list[Any] = []
+    objects: list[Any] = []
+    for group in param_groups:
+        parts.append(tuple((k, type(v), tuple(v) if isinstance(v, list) else v)
+                           for k, v in group.items() if k != "params"))
+        for p in group["params"]:
+            g, entry = p.grad, state.get(p)
+            grad = None if g is None else (g.shape, g.dtype, g.device, g.layout, distributed.placements(g))
+            held = None
+            if entry:
+                objects.extend(entry.values())
+                held = tuple((k, id(v) if isinstance(v, torch.Tensor) else type(v) is int and v >= 0)
+                             for k, v in entry.items())
+            parts.append((id(p), p.shape, p.dtype, p.device, distributed.placements(p), grad, held))
+    return tuple(parts), objects
+
+
+def fingerprint(param_groups: list[dict[str, Any]]) -> list[tuple]:
+    """What every rank must agree on: per parameter (group, index, shape, dtype, placements, has a
+    gradient), in order."""
+    return [(index, i, tuple(p.shape), str(p.dtype), repr(distributed.placements(p)), p.grad is not None)
+            for index, group in enumerate(param_groups) for i, p in enumerate(group["params"])]
+
+
+def digest(entries: list[tuple]) -> int:
+    """A signed 63-bit hash of `entries`, the same in every process (unlike hash() of strings)."""
+    return int.from_bytes(hashlib.blake2b(repr(entries).encode(), digest_size=8).digest(), "big") >> 1
