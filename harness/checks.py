@@ -90,7 +90,7 @@ def _oracle(case: Case, conv: Conventions) -> tuple[Any, Callable[[np.ndarray, A
             x, m, v = reference_normuon_step(x, *state, g, nor, conv, blocks)
             return x, (m, v)
 
-        return (np.zeros(case.shape), initial_variance(case.shape, case.flatten)), normuon_step
+        return (np.zeros(case.shape), initial_variance(case.shape, case.flatten, conv.normuon_rows)), normuon_step
     hyper = MuonHyper(*args)
     return np.zeros(case.shape), lambda x, m, g: reference_muon_step(x, m, g, hyper, conv)
 
