@@ -11,8 +11,11 @@ What its source does (dion/muon.py, normuon.py, megabatch_base.py, polar_express
     sqrt(fan_out/fan_in) unclamped or 0.2 sqrt(max), fans from the same view.
   - decay X(1 - lr wd) with the base lr, before the update.
   - NorMuon: its row statistics and norm restore are those of every trailing 2-D slice of the
-    parameter (variance buffer `zeros_like(p[..., 0:1])`), whatever `flatten` says: declared as
-    normuon_rows "trailing".
+    parameter (variance buffer `zeros_like(p[..., 0:1])`), whatever `flatten` says. Without
+    flatten that is a convention (a batch of matrices, each restored to its own norm): declared
+    as normuon_rows "trailing". With flatten=True the optimizer promises the [out, prod(rest)]
+    matrix, whose rows are the output channels: declared "matrix", so the harness judges the
+    promise (a conv kernel's rows are not its kh x kw slices).
 Every step function is wrapped in `torch.compile` at import; the adapter runs them eagerly
 (`torch.compiler.set_stance("force_eager")`, see the package docstring) instead of compiling
 each new shape (15-55 s on 2 CPU cores).
@@ -59,7 +62,8 @@ class DionTarget(PeerTarget):
             orth = Orthogonalizer.polynomial(YOU_QUINTICS, eps=EPSILON)
         return Conventions(
             orthogonalizer=orth, lr_scale=case.adjust_lr, lr_dims="flattened" if case.flatten else "last_two",
-            compute_dtype="bf16", state_dtype=case.param_dtype, normuon_rows="trailing")
+            compute_dtype="bf16", state_dtype=case.param_dtype,
+            normuon_rows="matrix" if case.flatten else "trailing")
 
     def options(self, case: Case) -> dict:
         """dion keyword arguments for `case`."""
