@@ -84,16 +84,15 @@ def momentum_and_direction(m: Momentum, g: np.ndarray, hyper: MuonHyper,
     """(new momentum state, the matrix U that gets orthogonalized). The buffer is updated in
     `conv.state_dtype`, as the implementation holds it: G, the coefficients, each product and the
     sum are rounded to that format; U is formed from the exact G and the stored buffer."""
-    held = conv.state_dtype
-    mu, g = _held(hyper.momentum, held), np.asarray(g, np.float64)
-    g_held = round_to(g, held)
+    held, mu, g = conv.state_dtype, hyper.momentum, np.asarray(g, np.float64)
+    g_held, mu_held = round_to(g, held), _held(mu, held)
     if conv.momentum == "ema_debiased":
         buffer, steps = (m.buffer, m.steps) if isinstance(m, DebiasedMomentum) else (m, 0)
-        beta = _held(1.0 - (1.0 - mu) / (1.0 - mu ** (steps + 1)), held)
+        beta = _held(1.0 - (1.0 - mu_held) / (1.0 - mu_held ** (steps + 1)), held)
         buf = _axpby(beta, buffer, 1.0 - beta, g_held, held)
         state: Momentum = DebiasedMomentum(buf, steps + 1)
     else:
-        state = buf = _axpby(mu, m, 1.0 if conv.momentum == "sum" else 1.0 - mu, g_held, held)
+        state = buf = _axpby(mu_held, m, 1.0 if conv.momentum == "sum" else 1.0 - mu_held, g_held, held)
     if not hyper.nesterov:
         return state, buf
     if conv.nesterov == "sum":
