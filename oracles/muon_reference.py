@@ -83,7 +83,8 @@ def momentum_and_direction(m: Momentum, g: np.ndarray, hyper: MuonHyper,
                            conv: Conventions) -> tuple[Momentum, np.ndarray]:
     """(new momentum state, the matrix U that gets orthogonalized). The buffer is updated in
     `conv.state_dtype`, as the implementation holds it: G, the coefficients, each product and the
-    sum are rounded to that format; U is formed from the exact G and the stored buffer."""
+    sum are rounded to that format (and so is the debiased beta_t); U is formed from the exact G
+    and mu and the stored buffer."""
     held, mu, g = conv.state_dtype, hyper.momentum, np.asarray(g, np.float64)
     g_held, mu_held = round_to(g, held), _held(mu, held)
     if conv.momentum == "ema_debiased":
