@@ -77,5 +77,21 @@ class DionTarget(PeerTarget):
         return getattr(self.module, PEER_CLASSES[case.optimizer])(params, **self.options(case))
 
 
+    def make_distributed(self, params: list[torch.nn.Parameter], case: Case, mesh: object) -> torch.optim.Optimizer:
+        """dion's distributed path: the 1-D DeviceMesh as `distributed_mesh` (DTensor parameters are
+        exchanged by all-to-all; replicated ones orthogonalized by their owner and gathered)."""
+        assert self.module is not None
+        optimizer = getattr(self.module, PEER_CLASSES[case.optimizer])(params, distributed_mesh=mesh,
+                                                                      **self.options(case))
+        step = optimizer.step
+
+        def eager_step(*args, **kwargs):
+            with torch.compiler.set_stance("force_eager"):
+                return step(*args, **kwargs)
+
+        optimizer.step = eager_step  # type: ignore[method-assign]
+        return optimizer
+
+
 def target() -> DionTarget:
     return DionTarget()

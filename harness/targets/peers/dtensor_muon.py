@@ -12,14 +12,15 @@ What its source does (dtensor-muon 0.1.0, optim/optim.py, orthogonalize/):
     adjusted lr.
 Its `zeropower` takes `use_triton=True` by default and Muon does not expose it; the Triton
 kernels assert CUDA. On CPU the adapter calls dtensor-muon's own pure-torch loops (`ns_loop`,
-`pe_loop`: `use_triton=False`) by rebinding the name Muon looks up for the duration of a run,
-and bypasses `torch.compile` (eager).
+`pe_loop`: `use_triton=False`) by rebinding the name Muon looks up for the duration of a run
+or step, and bypasses `torch.compile` (eager). Distributed cases run its DTensor path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -68,15 +69,36 @@ class DtensorMuon(PeerTarget):
                                 momentum=case.momentum, nesterov=case.nesterov,
                                 orthogonalization_strategy=case.orthogonalizer)
 
-    def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
-            case: Case) -> list[list[torch.Tensor]]:
+    @contextlib.contextmanager
+    def _cpu_loops(self) -> Iterator[None]:
+        """Muon's `zeropower` with use_triton=False, eagerly, for the duration of the block."""
         assert self.module is not None
         triton = self.module.zeropower
         self.module.zeropower = functools.partial(triton, use_triton=False)
         try:
-            return super().run(params, grads, case)
+            with torch.compiler.set_stance("force_eager"):
+                yield
         finally:
             self.module.zeropower = triton
+
+    def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
+            case: Case) -> list[list[torch.Tensor]]:
+        with self._cpu_loops():
+            return super().run(params, grads, case)
+
+    def make_distributed(self, params: list[torch.nn.Parameter], case: Case, mesh: object) -> torch.optim.Optimizer:
+        """Its DTensor path: Muon takes DTensor (or replicated plain) parameters as they are; each
+        step gathers a sharded update with `full_tensor()`, orthogonalizes it whole and
+        redistributes it. The mesh comes with the parameters, so it is not passed."""
+        optimizer = self.make(params, case)
+        step = optimizer.step
+
+        def cpu_step(*args, **kwargs):
+            with self._cpu_loops():
+                return step(*args, **kwargs)
+
+        optimizer.step = cpu_step  # type: ignore[method-assign]
+        return optimizer
 
 
 def target() -> DtensorMuon:
