@@ -44,11 +44,13 @@ def normalise_rows(o: np.ndarray, v: np.ndarray, hyper: NorMuonHyper,
 
     row_blocks: sizes of consecutive blocks along the parameter's dim 0 (a Shard(0) layout); the
     norm is then restored block by block, as each rank does with its own rows. None: one block.
-    rows "trailing": rows of the trailing 2-D slices, norm restored per slice (row_blocks unused)."""
+    rows "trailing": rows of the trailing 2-D slices, norm restored per slice; a 3-D+ parameter's
+    Shard(0) blocks are unions of whole slices, so row_blocks change nothing there, and a 2-D
+    parameter is its own one slice (the "matrix" rows, with row_blocks)."""
     mats = matrix_view(o, hyper.flatten and rows == "matrix")
     v = hyper.beta2 * v + (1.0 - hyper.beta2) * np.mean(mats * mats, axis=-1)
     normed = (mats / (np.sqrt(v)[..., None] + hyper.variance_eps))
-    if rows == "trailing":
+    if rows == "trailing" and o.ndim > 2:
         norm_o = np.linalg.norm(mats, axis=(-2, -1), keepdims=True)
         norm_n = np.linalg.norm(normed, axis=(-2, -1), keepdims=True)
         safe = np.where(norm_n > 0.0, norm_n, 1.0)

@@ -152,6 +152,9 @@ def test_trailing_normuon_rows_by_hand():
     np.testing.assert_allclose(normed[0], rows * np.linalg.norm(o) / np.linalg.norm(rows), rtol=1e-15)
     flat, _ = normalise_rows(o, np.zeros((1, 1)), hyper, rows="matrix")
     np.testing.assert_allclose(flat, o, rtol=1e-15)  # one row: normalising then restoring is the identity
+    matrix = dataclasses.replace(hyper, flatten=False)
+    blocks = [normalise_rows(o[0], np.zeros((1, 2)), matrix, [1, 1], rows)[0] for rows in ("trailing", "matrix")]
+    np.testing.assert_array_equal(*blocks)  # a 2-D parameter is its own slice: Shard(0) blocks still apply
 
 
 # Load-bearing: a correct fp64 implementation of each convention, judged with it declared and not.
