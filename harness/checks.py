@@ -117,7 +117,8 @@ def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
     steps = reference_steps(case, target, inputs.params, inputs.grads, traj)
     metrics, where = worst_of([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol, tol.storage_ulps), at)
                                for at, x_prev, x_new, x_ref in steps])
-    return Outcome("reference", metrics, tol, describe(metrics, where, tol))
+    held = target.conventions(case).held_formats()
+    return Outcome("reference", metrics, tol, describe(metrics, where, tol) + (f"; {held}" if held else ""))
 
 
 def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,

@@ -118,6 +118,15 @@ class Conventions:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Conventions.{name}={getattr(self, name)!r}; expected one of {allowed}")
 
+    def held_formats(self) -> str:
+        """What the target holds in a format coarser than fp64 and the reference therefore rounds too
+        (a real, harmless imprecision of the target, not a failure), or "" if nothing."""
+        held = [f"{what} in {fmt}" for what, fmt in (("lr", self.lr_dtype), ("momentum", self.state_dtype))
+                if fmt != "fp64"]
+        if self.rounding == "stochastic":
+            held.append(f"U stochastically rounded to {self.compute_dtype} (reference: its expectation)")
+        return ("the target holds " + ", ".join(held) + "; the reference does the same") if held else ""
+
 
 def fans(shape: tuple[int, ...], dims: str) -> tuple[int, int]:
     """(fan_out, fan_in) of a parameter shape under a `lr_dims` convention."""

@@ -89,6 +89,19 @@ def test_lr_dtype_rounds_lr_scale_and_product():
     assert step[0, 0] == -float(np.float32(0.02)) and step[0, 0] != -0.02
 
 
+def test_held_formats_are_named_in_the_record():
+    """A declared coarse lr or state is a real, harmless imprecision: the reference copies it and
+    the reference check's message says so."""
+    assert Conventions(orthogonalizer=NS).held_formats() == ""
+    held = Conventions(orthogonalizer=NS, lr_dtype="fp32", state_dtype="bf16").held_formats()
+    assert "lr in fp32" in held and "momentum in bf16" in held
+    case = dataclasses.replace(CASE, nesterov=True)
+    peer = ConventionMuon(VARIANTS["lr_dtype fp32"][0], VARIANTS["lr_dtype fp32"][0])
+    inputs = make_inputs(case)
+    outcome = reference(case, peer, inputs, peer.run(inputs.params, inputs.grads, case))
+    assert outcome.status == "pass" and "the target holds lr in fp32" in outcome.message
+
+
 def test_stochastic_rounding_reference_is_the_expectation():
     """Declared stochastic rounding: the oracle orthogonalizes U itself, not its nearest bf16."""
     u = np.array([[1.0 + 2.0**-10, 0.0], [0.0, 0.5]])
