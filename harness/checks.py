@@ -110,7 +110,7 @@ def _oracle(case: Case, conv: Conventions) -> tuple[Any, Callable[[np.ndarray, A
             x, m, v = reference_normuon_step(x, *state, g, nor, conv, blocks)
             return x, (m, v)
 
-        return (np.zeros(case.shape), initial_variance(case.shape, case.flatten)), normuon_step
+        return (np.zeros(case.shape), initial_variance(case.shape, case.flatten, conv.normuon_rows)), normuon_step
     hyper = MuonHyper(*args)
     return np.zeros(case.shape), lambda x, m, g: reference_muon_step(x, m, g, hyper, conv)
 
@@ -138,7 +138,9 @@ def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
     metrics, (where, *worst) = worst_of([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol,
                                                        tol.storage_ulps), (at, x_prev, x_new, x_ref))
                                          for at, x_prev, x_new, x_ref in steps])
-    return Outcome("reference", metrics, tol, describe(metrics, where, tol), evidence=Evidence.of(where, *worst))
+    held = target.conventions(case).held_formats()
+    return Outcome("reference", metrics, tol, describe(metrics, where, tol) + (f"; {held}" if held else ""),
+                   evidence=Evidence.of(where, *worst))
 
 
 def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,

@@ -6,6 +6,8 @@ typo in either one shows. Each polynomial step is p(x) = a x + b x^3 + c x^5.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 Coefficients = tuple[float, float, float]
 
 KELLER_JORDAN_QUINTIC: Coefficients = (3.4445, -4.7750, 2.0315)
@@ -41,3 +43,33 @@ def polar_express_schedule(steps: int) -> list[Coefficients]:
 def newton_schulz_schedule(steps: int) -> list[Coefficients]:
     """Keller Jordan's quintic repeated `steps` times."""
     return [KELLER_JORDAN_QUINTIC] * steps
+
+
+YOU_QUINTICS: tuple[Coefficients, ...] = (
+    (4.0848, -6.8946, 2.9270),
+    (3.9505, -6.3029, 2.6377),
+    (3.7418, -5.5913, 2.3037),
+    (2.8769, -3.1427, 1.2046),
+    (2.8366, -3.0525, 1.2012),
+)
+"""Five distinct quintics by Jiacheng You (x.com/YouJiacheng/status/1905861218138804534, 2025),
+one per step: the Newton-Schulz schedule of heavyball, microsoft/dion and gram-newton-schulz."""
+
+POLAR_EXPRESS_SAFETY_102: tuple[Coefficients, ...] = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+"""Polar Express degree-5 schedule for 5 steps optimised with safety 0.02 and cushion 2 (the
+table of karpathy/nanochat, used by microsoft/dion and dtensor-muon with the normaliser
+1.02 ||X||_F + eps). It is not POLAR_EXPRESS_RAW divided by 1.02: it was optimised anew."""
+
+GNS_SAFETY = 1.05
+"""gram-newton-schulz 0.1.6 divides every Polar Express polynomial by this safety factor."""
+
+
+def safety_scaled(table: Sequence[Coefficients], safety: float) -> tuple[Coefficients, ...]:
+    """Every polynomial evaluated at x / safety: (a/s, b/s^3, c/s^5)."""
+    return tuple((a / safety, b / safety**3, c / safety**5) for a, b, c in table)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from oracles.coefficients import Coefficients, newton_schulz_schedule, polar_express_schedule, POLAR_EXPRESS_SAFETY
 from oracles.rounding import FORMATS, machine_epsilon
@@ -17,6 +18,11 @@ from oracles.spectral import Normaliser
 ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
 LR_SCALES = ("spectral_norm", "spectral_norm_clamped", "rms_norm", "none")
 LR_DIMS = ("flattened", "last_two", "first_two")
+MOMENTA = ("sum", "ema", "ema_debiased")
+NESTEROVS = ("sum", "ema", "plus")
+DECAY_MASKS = ("all", "cautious")
+ROUNDINGS = ("nearest", "stochastic")
+NORMUON_ROWS = ("matrix", "trailing")
 
 
 @dataclass(frozen=True)
@@ -48,20 +54,44 @@ class Orthogonalizer:
             return cls("svd", rcond_factor=machine_epsilon(fmt))
         raise ValueError(f"unknown orthogonalizer {name!r}; expected one of {ORTHOGONALIZERS}")
 
+    @classmethod
+    def polynomial(cls, schedule: Sequence[Coefficients], *, eps: float, scale: float = 1.0,
+                   form: str = "plus") -> "Orthogonalizer":
+        """Any coefficient schedule (one (a, b, c) per step) from U / normaliser(U), where the
+        normaliser is `form` "plus": scale*||U||_F + eps, or "clamp": max(scale*||U||_F, eps)."""
+        steps = tuple((float(a), float(b), float(c)) for a, b, c in schedule)
+        if not steps:
+            raise ValueError("Orthogonalizer.polynomial: the schedule has no step")
+        return cls("polynomial", steps, Normaliser(eps, scale, form))
+
 
 @dataclass(frozen=True)
 class Conventions:
     """How one implementation does Muon.
 
     momentum:  "sum"  M <- mu M + G            | "ema"  M <- mu M + (1-mu) G
-    nesterov:  "sum"  U = G + mu M             | "ema"  U = (1-mu) G + mu M
+               | "ema_debiased" M <- b_t M + (1-b_t) G with b_t = 1 - (1-mu)/(1-mu^t) at step t,
+                 i.e. the bias-corrected EMA  EMA_t / (1 - mu^t)
+    nesterov:  "sum"  U = G + mu M             | "ema"  U = (1-mu) G + mu M  | "plus" U = G + M
     weight_decay_order: "before" X <- X(1-lr_wd wd) then the update | "after"
     weight_decay_lr:    "base" lr_wd = lr | "adjusted" lr_wd = lr * scale
+    weight_decay_mask:  "all" | "cautious": decay only the entries where X and the update O have
+               the same sign (X*O > 0; entries with X*O = 0 have measure zero for the harness's data)
     lr_scale:  "spectral_norm" sqrt(fan_out/fan_in) | "spectral_norm_clamped" sqrt(max(1, fan_out/fan_in))
                | "rms_norm" 0.2 sqrt(max(fan_out, fan_in)) | "none" 1
     lr_dims:   where (fan_out, fan_in) come from: "flattened" (shape[0], prod(shape[1:]))
                | "last_two" (shape[-2], shape[-1]) | "first_two" (shape[0], shape[1])
     compute_dtype: the format U is rounded to before orthogonalization.
+    rounding:  how U is rounded to compute_dtype: "nearest" (even) | "stochastic": unbiased random
+               rounding, whose expectation is U itself, so the reference uses U unrounded (the
+               expectation) and the compute dtype's tolerance bounds the rounding noise
+    state_dtype: the format the momentum buffer is stored in after every update ("fp64": exact)
+    lr_dtype:  the format lr, the lr scale and their product are held in: the reference applies
+               round(round(lr) * round(scale)) ("fp64": exact). An fp32 lr on fp64 parameters is
+               a real, harmless imprecision (2e-8 relative) that this makes part of the reference.
+    normuon_rows: the rows NorMuon normalises: "matrix" the rows of the orthogonalized matrix view,
+               norm restored over the parameter | "trailing" the rows of every trailing 2-D slice
+               [shape[-2], shape[-1]] of the parameter, norm restored per slice
     """
 
     orthogonalizer: Orthogonalizer
@@ -72,14 +102,30 @@ class Conventions:
     lr_scale: str = "spectral_norm"
     lr_dims: str = "flattened"
     compute_dtype: str = "fp32"
+    weight_decay_mask: str = "all"
+    rounding: str = "nearest"
+    state_dtype: str = "fp64"
+    lr_dtype: str = "fp64"
+    normuon_rows: str = "matrix"
 
     def __post_init__(self) -> None:
-        choices = {"momentum": ("sum", "ema"), "nesterov": ("sum", "ema"),
+        choices = {"momentum": MOMENTA, "nesterov": NESTEROVS,
                    "weight_decay_order": ("before", "after"), "weight_decay_lr": ("base", "adjusted"),
-                   "lr_scale": LR_SCALES, "lr_dims": LR_DIMS, "compute_dtype": FORMATS}
+                   "lr_scale": LR_SCALES, "lr_dims": LR_DIMS, "compute_dtype": FORMATS,
+                   "weight_decay_mask": DECAY_MASKS, "rounding": ROUNDINGS, "state_dtype": FORMATS,
+                   "lr_dtype": FORMATS, "normuon_rows": NORMUON_ROWS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Conventions.{name}={getattr(self, name)!r}; expected one of {allowed}")
+
+    def held_formats(self) -> str:
+        """What the target holds in a format coarser than fp64 and the reference therefore rounds too
+        (a real, harmless imprecision of the target, not a failure), or "" if nothing."""
+        held = [f"{what} in {fmt}" for what, fmt in (("lr", self.lr_dtype), ("momentum", self.state_dtype))
+                if fmt != "fp64"]
+        if self.rounding == "stochastic":
+            held.append(f"U stochastically rounded to {self.compute_dtype} (reference: its expectation)")
+        return ("the target holds " + ", ".join(held) + "; the reference does the same") if held else ""
 
 
 def fans(shape: tuple[int, ...], dims: str) -> tuple[int, int]:

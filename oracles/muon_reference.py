@@ -1,9 +1,11 @@
 """FP64 reference Muon: one parameter, unbatched, NumPy/LAPACK only.
 
-  M <- mu M + G  (or the declared EMA form)
+  M <- mu M + G  (or the declared EMA form), stored in the declared state format
   U = G + mu M with Nesterov (or the declared form), else M
   O = orth(round_compute(U)) per matrix of the parameter's matrix view
-  X <- X (1 - lr_wd wd); X <- X - lr scale O   (or the declared order)
+      (stochastic rounding: its expectation, U itself)
+  X <- X (1 - lr_wd wd); X <- X - lr scale O   (or the declared order; cautious decay masks
+      the entries where X O <= 0; lr and scale held in the declared lr format)
 
 Matrix view: with flatten, [out, *rest] is the one matrix [out, prod(rest)];
 without, a 2-D parameter is itself and a 3-D+ one is a batch of its trailing 2-D
@@ -13,6 +15,7 @@ matrices, each orthogonalized (and normalised) on its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple, Union
 
 import numpy as np
 
@@ -56,36 +59,82 @@ def max_condition(x: np.ndarray, flatten: bool) -> float:
     return max(condition_number(m) for m in matrix_view(np.asarray(x, np.float64), flatten))
 
 
-def momentum_and_direction(m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
-                           conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
-    """(new momentum buffer, the matrix U that gets orthogonalized)."""
-    mu = hyper.momentum
-    m = mu * m + (g if conv.momentum == "sum" else (1.0 - mu) * g)
+class DebiasedMomentum(NamedTuple):
+    """The momentum state of a bias-corrected EMA: the buffer and how many steps made it."""
+
+    buffer: np.ndarray
+    steps: int
+
+
+Momentum = Union[np.ndarray, DebiasedMomentum]
+"""A momentum state: the buffer, or for "ema_debiased" a DebiasedMomentum (an array before the first step)."""
+
+
+def _held(value: float, fmt: str) -> float:
+    return float(round_to(np.float64(value), fmt))
+
+
+def _axpby(a: float, x: np.ndarray, b: float, y: np.ndarray, fmt: str) -> np.ndarray:
+    """a x + b y evaluated in format `fmt`: each product and the sum rounded (exact in fp64)."""
+    return round_to(round_to(a * np.asarray(x, np.float64), fmt) + round_to(b * y, fmt), fmt)
+
+
+def momentum_and_direction(m: Momentum, g: np.ndarray, hyper: MuonHyper,
+                           conv: Conventions) -> tuple[Momentum, np.ndarray]:
+    """(new momentum state, the matrix U that gets orthogonalized). The buffer is updated in
+    `conv.state_dtype`, as the implementation holds it: G, the coefficients, each product and the
+    sum are rounded to that format (and so is the debiased beta_t); U is formed from the exact G
+    and mu and the stored buffer."""
+    held, mu, g = conv.state_dtype, hyper.momentum, np.asarray(g, np.float64)
+    g_held, mu_held = round_to(g, held), _held(mu, held)
+    if conv.momentum == "ema_debiased":
+        buffer, steps = (m.buffer, m.steps) if isinstance(m, DebiasedMomentum) else (m, 0)
+        beta = _held(1.0 - (1.0 - mu_held) / (1.0 - mu_held ** (steps + 1)), held)
+        buf = _axpby(beta, buffer, 1.0 - beta, g_held, held)
+        state: Momentum = DebiasedMomentum(buf, steps + 1)
+    else:
+        state = buf = _axpby(mu_held, m, 1.0 if conv.momentum == "sum" else 1.0 - mu_held, g_held, held)
     if not hyper.nesterov:
-        return m, m
-    u = g + mu * m if conv.nesterov == "sum" else (1.0 - mu) * g + mu * m
-    return m, u
+        return state, buf
+    if conv.nesterov == "sum":
+        return state, g + mu * buf
+    if conv.nesterov == "ema":
+        return state, (1.0 - mu) * g + mu * buf
+    return state, g + buf
+
+
+def step_sizes(shape: tuple[int, ...], hyper: MuonHyper, conv: Conventions) -> tuple[float, float]:
+    """(lr * scale, lr_wd) as the implementation holds them: each factor and the product
+    rounded to `conv.lr_dtype`."""
+    lr = _held(hyper.lr, conv.lr_dtype)
+    step = _held(lr * _held(lr_scale(shape, conv.lr_scale, conv.lr_dims), conv.lr_dtype), conv.lr_dtype)
+    return step, (lr if conv.weight_decay_lr == "base" else step)
 
 
 def apply_update(x: np.ndarray, update: np.ndarray, hyper: MuonHyper, conv: Conventions) -> np.ndarray:
-    """X (1 - lr_wd wd) - lr scale update, in the declared order, with the declared lr scale."""
-    scale = lr_scale(x.shape, conv.lr_scale, conv.lr_dims)
-    lr_wd = hyper.lr if conv.weight_decay_lr == "base" else hyper.lr * scale
+    """X (1 - lr_wd wd) - lr scale update, in the declared order, with the declared lr scale;
+    cautious decay leaves the entries where X * update <= 0 undecayed."""
+    step, lr_wd = step_sizes(x.shape, hyper, conv)
     decay = 1.0 - lr_wd * hyper.weight_decay
+    if conv.weight_decay_mask == "cautious":
+        decay = np.where(x * update > 0.0, decay, 1.0)
     if conv.weight_decay_order == "before":
-        return x * decay - hyper.lr * scale * update
-    return (x - hyper.lr * scale * update) * decay
+        return x * decay - step * update
+    return (x - step * update) * decay
 
 
-def orthogonalized_direction(m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
-                             conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
-    """(new momentum, O = orth(round_compute(U))) of one parameter."""
-    m, u = momentum_and_direction(np.asarray(m, np.float64), np.asarray(g, np.float64), hyper, conv)
-    return m, orthogonalize(round_to(u, conv.compute_dtype), conv.orthogonalizer, hyper.flatten)
+def orthogonalized_direction(m: Momentum, g: np.ndarray, hyper: MuonHyper,
+                             conv: Conventions) -> tuple[Momentum, np.ndarray]:
+    """(new momentum, O = orth(round_compute(U))) of one parameter; with stochastic rounding
+    the reference is its expectation, orth(U)."""
+    m, u = momentum_and_direction(m, g, hyper, conv)
+    rounded = round_to(u, conv.compute_dtype) if conv.rounding == "nearest" else u
+    return m, orthogonalize(rounded, conv.orthogonalizer, hyper.flatten)
 
 
-def reference_muon_step(x: np.ndarray, m: np.ndarray, g: np.ndarray, hyper: MuonHyper,
-                        conv: Conventions) -> tuple[np.ndarray, np.ndarray]:
-    """One FP64 Muon step of one parameter: returns (new parameter, new momentum)."""
+def reference_muon_step(x: np.ndarray, m: Momentum, g: np.ndarray, hyper: MuonHyper,
+                        conv: Conventions) -> tuple[np.ndarray, Momentum]:
+    """One FP64 Muon step of one parameter: returns (new parameter, new momentum state).
+    `m` is the state the previous step returned (any array before the first step)."""
     m, o = orthogonalized_direction(m, g, hyper, conv)
     return apply_update(np.asarray(x, dtype=np.float64), o, hyper, conv), m

@@ -9,7 +9,9 @@ After Muon's orthogonalization O of each matrix [m, n] of the parameter's matrix
                                                   (of each rank's rows, under a Shard(0) layout)
   X <- X (1 - lr_wd wd);  X <- X - lr scale N     Muon's lr scale and decoupled decay (declared order)
 
-`v` is kept as [B, m]: B matrices of the view, m rows each.
+`v` is kept as [B, m]: B matrices of the view, m rows each. With the "trailing" row convention
+the rows are those of every trailing 2-D slice [shape[-2], shape[-1]] (the unflattened view) and
+the norm is restored per slice.
 """
 
 from __future__ import annotations
@@ -30,21 +32,30 @@ class NorMuonHyper(MuonHyper):
     variance_eps: float = 1e-8
 
 
-def initial_variance(shape: tuple[int, ...], flatten: bool) -> np.ndarray:
-    """Zero second moment [B, m] for a parameter of `shape`."""
-    b, m, _ = matrix_view(np.zeros(shape), flatten).shape
+def initial_variance(shape: tuple[int, ...], flatten: bool, rows: str = "matrix") -> np.ndarray:
+    """Zero second moment [B, m] for a parameter of `shape` (`rows`: Conventions.normuon_rows)."""
+    b, m, _ = matrix_view(np.zeros(shape), flatten and rows == "matrix").shape
     return np.zeros((b, m))
 
 
 def normalise_rows(o: np.ndarray, v: np.ndarray, hyper: NorMuonHyper,
-                   row_blocks: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   row_blocks: list[int] | None = None, rows: str = "matrix") -> tuple[np.ndarray, np.ndarray]:
     """(row-normalised, norm-restored update in o's shape, new v [B, m]) for orthogonalized `o`.
 
     row_blocks: sizes of consecutive blocks along the parameter's dim 0 (a Shard(0) layout); the
-    norm is then restored block by block, as each rank does with its own rows. None: one block."""
-    mats = matrix_view(o, hyper.flatten)
+    norm is then restored block by block, as each rank does with its own rows. None: one block.
+    rows "trailing": rows of the trailing 2-D slices, norm restored per slice; a 3-D+ parameter's
+    Shard(0) blocks are unions of whole slices, so row_blocks change nothing there, and a 2-D
+    parameter is its own one slice (the "matrix" rows, with row_blocks)."""
+    mats = matrix_view(o, hyper.flatten and rows == "matrix")
     v = hyper.beta2 * v + (1.0 - hyper.beta2) * np.mean(mats * mats, axis=-1)
-    normed = (mats / (np.sqrt(v)[..., None] + hyper.variance_eps)).reshape(o.shape)
+    normed = (mats / (np.sqrt(v)[..., None] + hyper.variance_eps))
+    if rows == "trailing" and o.ndim > 2:
+        norm_o = np.linalg.norm(mats, axis=(-2, -1), keepdims=True)
+        norm_n = np.linalg.norm(normed, axis=(-2, -1), keepdims=True)
+        safe = np.where(norm_n > 0.0, norm_n, 1.0)
+        return (normed * np.where(norm_n > 0.0, norm_o / safe, 1.0)).reshape(o.shape), v
+    normed = normed.reshape(o.shape)
     bounds = np.cumsum([0, *(row_blocks or [o.shape[0]])])
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         norm_o, norm_n = np.linalg.norm(o[lo:hi]), np.linalg.norm(normed[lo:hi])
@@ -59,5 +70,5 @@ def reference_normuon_step(x: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.nd
     """One FP64 NorMuon step of one parameter: returns (new parameter, new momentum, new v [B, m]).
     With `row_blocks`, the same-sharding reference of a Shard(0) layout (see normalise_rows)."""
     m, o = orthogonalized_direction(m, g, hyper, conv)
-    update, v = normalise_rows(o, np.asarray(v, np.float64), hyper, row_blocks)
+    update, v = normalise_rows(o, np.asarray(v, np.float64), hyper, row_blocks, conv.normuon_rows)
     return apply_update(np.asarray(x, dtype=np.float64), update, hyper, conv), m, v

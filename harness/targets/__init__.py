@@ -21,6 +21,12 @@ ALIASES: dict[str, str] = {
     "control-padding-leak": "harness.targets.distributed_controls:padding_leak",
     "control-wrong-params": "harness.targets.distributed_controls:wrong_params",
     "control-no-gather": "harness.targets.distributed_controls:no_gather",
+    "deepspeed-gram": "harness.targets.peers.deepspeed:gram",
+    "deepspeed-standard": "harness.targets.peers.deepspeed:standard",
+    "dion": "harness.targets.peers.dion:target",
+    "heavyball": "harness.targets.peers.heavyball:target",
+    "dtensor-muon": "harness.targets.peers.dtensor_muon:target",
+    "gram-newton-schulz": "harness.targets.peers.gram_newton_schulz:target",
 }
 DEFAULT = "ours"
 

@@ -1,0 +1,87 @@
+"""DeepSpeed's single-device Muon (`deepspeed.runtime.zero.muon.original_muon.SingleDeviceMuon`),
+with either Newton-Schulz method: `deepspeed-gram` (its default) and `deepspeed-standard`.
+
+Install with `DS_BUILD_OPS=0` (no ops are built) and run with `DS_ACCELERATOR=cpu` (this module
+sets it when unset, before importing DeepSpeed, so the CPU accelerator is selected).
+
+What its source does (DeepSpeed 0.19.8, original_muon.py):
+  - always Nesterov, momentum as an EMA by `lerp`: M <- mu M + (1-mu) G, U = (1-mu) G + mu M;
+    the buffer is `zeros_like(p)`, stored in the parameter's dtype.
+  - Keller Jordan's quintic, 5 steps, normaliser ||X||_F + 1e-7.
+  - "standard": U cast to `ns_compute_dtype("standard")` (bf16 where supported) then normalised.
+    "gram": U normalised in its own dtype, then cast to `ns_compute_dtype("gram")` (fp16 where
+    the accelerator supports it, else fp32); the Gram iteration with a restart at step 2 is the
+    same polynomial in exact arithmetic. The adapter asks DeepSpeed for the dtype of each method,
+    so it declares what runs here (on this CPU: gram fp32, standard bf16).
+  - 4-D parameters are flattened to [out, in*kh*kw]; 3-D and 5-D ones are batches of their
+    trailing matrices (no flatten switch), so the other flatten choice is unsupported.
+  - the lr scale is sqrt(max(1, rows/cols)) of the parameter's LAST TWO dims, even when a 4-D
+    parameter was flattened (it reads kh/kw there): declared as lr_dims "last_two".
+  - decay X(1 - lr wd) with the base lr, before the update.
+`torch.compile` (its `@compiler.compile()`) is bypassed: the peer runs eagerly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from cases import Case
+from harness.targets.peers import FORMAT_OF, PeerTarget
+from oracles import Conventions, Orthogonalizer
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+class DeepSpeedMuon(PeerTarget):
+    package = "deepspeed.runtime.zero.muon.original_muon"
+    distribution = "deepspeed"
+    extra = "deepspeed"
+    exact_relations = True
+
+    def __init__(self, ns_method: str) -> None:
+        super().__init__()
+        self.ns_method = ns_method
+        self.name = f"deepspeed-{ns_method}"
+
+    def compute_dtype(self) -> str:
+        """The format DeepSpeed computes this method's iteration in on this accelerator."""
+        assert self.module is not None
+        return FORMAT_OF[self.module.ns_compute_dtype(self.ns_method)]
+
+    def peer_unsupported(self, case: Case) -> str | None:
+        if case.optimizer != "muon":
+            return f"DeepSpeed implements Muon only (case: {case.optimizer})"
+        if not case.nesterov:
+            return "DeepSpeed's Muon is always Nesterov"
+        if case.orthogonalizer != "newton_schulz":
+            return f"DeepSpeed's Muon has only Newton-Schulz (case: {case.orthogonalizer})"
+        if case.adjust_lr != "spectral_norm":
+            return f"DeepSpeed's Muon has one lr scale, sqrt(max(1, rows/cols)) (case: {case.adjust_lr})"
+        if len(case.shape) > 2 and case.flatten != (len(case.shape) == 4):
+            return (f"DeepSpeed's Muon flattens 4-D parameters and no others "
+                    f"(case: {len(case.shape)}-D, flatten={case.flatten})")
+        if case.compute_dtype != self.compute_dtype():
+            return (f"DeepSpeed's {self.ns_method} Newton-Schulz computes in {self.compute_dtype()} on this "
+                    f"accelerator (case: {case.compute_dtype})")
+        return None
+
+    def conventions(self, case: Case) -> Conventions:
+        return Conventions(
+            orthogonalizer=Orthogonalizer.named("newton_schulz", eps=1e-7),
+            momentum="ema", nesterov="ema", lr_scale="spectral_norm_clamped", lr_dims="last_two",
+            compute_dtype=case.compute_dtype, state_dtype=case.param_dtype)
+
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        assert self.module is not None
+        return self.module.SingleDeviceMuon(params, lr=case.lr, momentum=case.momentum,
+                                            weight_decay=case.weight_decay, ns_method=self.ns_method)
+
+
+def gram() -> DeepSpeedMuon:
+    return DeepSpeedMuon("gram")
+
+
+def standard() -> DeepSpeedMuon:
+    return DeepSpeedMuon("standard")

@@ -1,0 +1,283 @@
+"""The conventions adapters declare for peers: each one's oracle support, checked on a small
+hand-computed example, and each one load-bearing: a correct implementation of the convention
+is judged "pass" when it is declared and "fail" when the default is declared instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cases import Case
+from harness.checks import reference
+from harness.inputs import make_inputs
+from harness.targets.base import OptimizerTarget
+from harness.targets.ours import OursMuon
+from oracles import Conventions, MuonHyper, Orthogonalizer, reference_muon_step
+from oracles.coefficients import (GNS_SAFETY, POLAR_EXPRESS_RAW, POLAR_EXPRESS_SAFETY_102, YOU_QUINTICS,
+                                  safety_scaled)
+from oracles.muon_reference import DebiasedMomentum, apply_update, momentum_and_direction, orthogonalized_direction
+from oracles.normuon_reference import NorMuonHyper, initial_variance, normalise_rows
+from oracles.rounding import round_to
+
+NS = Orthogonalizer.named("newton_schulz")
+PLAIN = MuonHyper(lr=0.5, momentum=0.5, nesterov=False, weight_decay=0.0, flatten=False)
+NESTEROV = dataclasses.replace(PLAIN, nesterov=True)
+
+
+def test_defaults_are_unchanged():
+    conv = Conventions(orthogonalizer=NS)
+    assert (conv.momentum, conv.nesterov, conv.weight_decay_mask, conv.rounding, conv.state_dtype, conv.lr_dtype,
+            conv.normuon_rows) == ("sum", "sum", "all", "nearest", "fp64", "fp64", "matrix")
+
+
+@pytest.mark.parametrize("field", ["momentum", "nesterov", "weight_decay_mask", "rounding", "state_dtype",
+                                   "lr_dtype", "normuon_rows"])
+def test_unknown_values_are_refused_by_name(field):
+    with pytest.raises(ValueError, match=f"Conventions.{field}="):
+        Conventions(orthogonalizer=NS, **{field: "nonsense"})
+
+
+def test_debiased_ema_by_hand():
+    """mu = 1/2: step 1 keeps G1 (b_1 = 0); step 2 has b_2 = 1 - (1/2)/(3/4) = 1/3, so
+    M2 = G1/3 + 2 G2/3 = EMA_2 / (1 - mu^2) with EMA_2 = G1/4 + G2/2."""
+    conv = Conventions(orthogonalizer=NS, momentum="ema_debiased")
+    g1, g2 = np.array([[3.0, 0.0]]), np.array([[0.0, 3.0]])
+    m1, u1 = momentum_and_direction(np.zeros((1, 2)), g1, PLAIN, conv)
+    assert isinstance(m1, DebiasedMomentum) and m1.steps == 1
+    np.testing.assert_allclose(u1, g1)
+    m2, u2 = momentum_and_direction(m1, g2, PLAIN, conv)
+    np.testing.assert_allclose(u2, [[1.0, 2.0]], rtol=1e-15)
+    assert m2.steps == 2
+
+
+def test_nesterov_plus_by_hand():
+    """U = G + M with the EMA M = mu M + (1-mu) G: from M = 0, mu = 1/2, G = 4 gives M = 2, U = 6."""
+    conv = Conventions(orthogonalizer=NS, momentum="ema", nesterov="plus")
+    m, u = momentum_and_direction(np.zeros((1, 1)), np.array([[4.0]]), NESTEROV, conv)
+    assert m[0, 0] == 2.0 and u[0, 0] == 6.0
+
+
+def test_cautious_decay_by_hand():
+    """Only entries with X * O > 0 decay: X (1 - lr wd) there, X elsewhere (scale 1: square)."""
+    hyper = dataclasses.replace(PLAIN, lr=0.5, weight_decay=0.2)
+    conv = Conventions(orthogonalizer=NS, weight_decay_mask="cautious")
+    x = np.array([[1.0, 1.0], [-1.0, -1.0]])
+    o = np.array([[1.0, -1.0], [1.0, -1.0]])
+    decayed = 1.0 - 0.5 * 0.2
+    expected = np.array([[decayed - 0.5, 1.0 + 0.5], [-1.0 - 0.5, -decayed + 0.5]])
+    np.testing.assert_array_equal(apply_update(x, o, hyper, conv), expected)
+
+
+def test_state_dtype_rounds_the_buffer_and_its_inputs():
+    """In fp32, 1 + 2^-30 is 1: the stored buffer holds 1; U = G + mu M uses the exact G."""
+    conv = Conventions(orthogonalizer=NS, state_dtype="fp32")
+    g = np.array([[1.0 + 2.0**-30]])
+    m, u = momentum_and_direction(np.zeros((1, 1)), g, NESTEROV, conv)
+    assert m[0, 0] == 1.0 and u[0, 0] == g[0, 0] + 0.5
+
+
+def test_lr_dtype_rounds_lr_scale_and_product():
+    """An fp32 lr of 0.02 is 0.0199999995529651641845703125: the step is X - fp32(lr) O."""
+    hyper = dataclasses.replace(PLAIN, lr=0.02)
+    conv = Conventions(orthogonalizer=NS, lr_scale="none", lr_dtype="fp32")
+    x, o = np.zeros((2, 2)), np.ones((2, 2))
+    step = apply_update(x, o, hyper, conv)
+    assert step[0, 0] == -float(np.float32(0.02)) and step[0, 0] != -0.02
+
+
+def test_held_formats_are_named_in_the_record():
+    """A declared coarse lr or state is a real, harmless imprecision: the reference copies it and
+    the reference check's message says so."""
+    assert Conventions(orthogonalizer=NS).held_formats() == ""
+    held = Conventions(orthogonalizer=NS, lr_dtype="fp32", state_dtype="bf16").held_formats()
+    assert "lr in fp32" in held and "momentum in bf16" in held
+    case = dataclasses.replace(CASE, nesterov=True)
+    peer = ConventionMuon(VARIANTS["lr_dtype fp32"][0], VARIANTS["lr_dtype fp32"][0])
+    inputs = make_inputs(case)
+    outcome = reference(case, peer, inputs, peer.run(inputs.params, inputs.grads, case))
+    assert outcome.status == "pass" and "the target holds lr in fp32" in outcome.message
+
+
+def test_stochastic_rounding_reference_is_the_expectation():
+    """Declared stochastic rounding: the oracle orthogonalizes U itself, not its nearest bf16."""
+    u = np.array([[1.0 + 2.0**-10, 0.0], [0.0, 0.5]])
+    hyper = dataclasses.replace(PLAIN, momentum=0.0)
+    conv = Conventions(orthogonalizer=Orthogonalizer("svd"), compute_dtype="bf16", momentum="sum")
+    _, nearest = orthogonalized_direction(np.zeros_like(u), u, hyper, conv)
+    _, expected = orthogonalized_direction(np.zeros_like(u), u, hyper, dataclasses.replace(conv, rounding="stochastic"))
+    assert round_to(u, "bf16")[0, 0] == 1.0  # nearest rounding drops the 2^-10
+    np.testing.assert_allclose(nearest, np.eye(2), atol=0)
+    np.testing.assert_allclose(expected, np.eye(2), atol=1e-15)  # the polar factor of a diagonal: I either way
+    one_step = Orthogonalizer.polynomial([(1.0, 0.0, 0.0)], eps=0.0)
+    _, lin_nearest = orthogonalized_direction(np.zeros_like(u), u, hyper, dataclasses.replace(conv, orthogonalizer=one_step))
+    _, lin_exact = orthogonalized_direction(np.zeros_like(u), u, hyper,
+                                            dataclasses.replace(conv, orthogonalizer=one_step, rounding="stochastic"))
+    norm = math.hypot(1.0 + 2.0**-10, 0.5)
+    assert lin_exact[0, 0] == pytest.approx((1.0 + 2.0**-10) / norm, rel=1e-15)
+    assert lin_nearest[0, 0] == pytest.approx(1.0 / math.hypot(1.0, 0.5), rel=1e-15)
+
+
+def test_fp16_compute_rounds_to_half():
+    """fp16 keeps 10 mantissa bits: 1 + 2^-11 rounds to 1 (even), 1 + 2^-10 stays."""
+    assert round_to(np.array([1.0 + 2.0**-11, 1.0 + 2.0**-10]), "fp16").tolist() == [1.0, 1.0 + 2.0**-10]
+    conv = Conventions(orthogonalizer=Orthogonalizer.polynomial([(1.0, 0.0, 0.0)], eps=0.0), compute_dtype="fp16")
+    _, o = orthogonalized_direction(np.zeros((1, 2)), np.array([[1.0 + 2.0**-11, 0.0]]),
+                                    dataclasses.replace(PLAIN, momentum=0.0), conv)
+    assert o[0, 0] == 1.0
+
+
+def test_any_schedule_and_normaliser_by_hand():
+    """One step p(x) = 1.5 x - 0.5 x^3 from X0 = G / (2 ||G||_F + 0): for G = diag(3, 4), ||G|| = 5,
+    singular values 0.3 and 0.4 map to 0.4365 and 0.568."""
+    orth = Orthogonalizer.polynomial([(1.5, -0.5, 0.0)], eps=0.0, scale=2.0)
+    conv = Conventions(orthogonalizer=orth)
+    _, o = orthogonalized_direction(np.zeros((2, 2)), np.diag([3.0, 4.0]), dataclasses.replace(PLAIN, momentum=0.0), conv)
+    np.testing.assert_allclose(np.diag(o), [1.5 * 0.3 - 0.5 * 0.027, 1.5 * 0.4 - 0.5 * 0.064], rtol=1e-14)
+    with pytest.raises(ValueError, match="no step"):
+        Orthogonalizer.polynomial([], eps=1e-7)
+
+
+def test_peer_schedules():
+    """gram-newton-schulz: Polar Express / 1.05 on all five steps; dion's table is its own."""
+    a, b, c = safety_scaled(POLAR_EXPRESS_RAW[:5], GNS_SAFETY)[0]
+    assert (a, b, c) == (POLAR_EXPRESS_RAW[0][0] / 1.05, POLAR_EXPRESS_RAW[0][1] / 1.05**3,
+                         POLAR_EXPRESS_RAW[0][2] / 1.05**5)
+    assert len(YOU_QUINTICS) == len(POLAR_EXPRESS_SAFETY_102) == 5
+    assert POLAR_EXPRESS_SAFETY_102[0][0] != pytest.approx(POLAR_EXPRESS_RAW[0][0] / 1.02, rel=1e-3)
+
+
+def test_trailing_normuon_rows_by_hand():
+    """A [1, 2, 2] parameter with flatten: "matrix" rows are the one row of [1, 4]; "trailing" rows
+    are the two rows of the 2 x 2 slice, each normalised (v = (1-b2) mean(row^2)), then the slice
+    restored to its norm."""
+    hyper = NorMuonHyper(lr=0.1, momentum=0.0, nesterov=False, weight_decay=0.0, flatten=True, beta2=0.5,
+                         variance_eps=0.0)
+    o = np.array([[[3.0, 4.0], [0.0, 1.0]]])
+    assert initial_variance(o.shape, True, "trailing").shape == (1, 2)
+    assert initial_variance(o.shape, True, "matrix").shape == (1, 1)
+    normed, v = normalise_rows(o, np.zeros((1, 2)), hyper, rows="trailing")
+    np.testing.assert_allclose(v, [[0.5 * 12.5, 0.5 * 0.5]])
+    rows = np.array([[3.0, 4.0] / np.sqrt(6.25), [0.0, 1.0] / np.sqrt(0.25)])
+    np.testing.assert_allclose(normed[0], rows * np.linalg.norm(o) / np.linalg.norm(rows), rtol=1e-15)
+    flat, _ = normalise_rows(o, np.zeros((1, 1)), hyper, rows="matrix")
+    np.testing.assert_allclose(flat, o, rtol=1e-15)  # one row: normalising then restoring is the identity
+    matrix = dataclasses.replace(hyper, flatten=False)
+    blocks = [normalise_rows(o[0], np.zeros((1, 2)), matrix, [1, 1], rows)[0] for rows in ("trailing", "matrix")]
+    np.testing.assert_array_equal(*blocks)  # a 2-D parameter is its own slice: Shard(0) blocks still apply
+
+
+# Load-bearing: a correct fp64 implementation of each convention, judged with it declared and not.
+
+CASE = Case.from_id("muon/linear-12x20/mb1/noflat/fp64@fp64/ns/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0")
+
+
+class ConventionMuon(OptimizerTarget):
+    """A small fp64 torch Muon that does what `actual` says, and declares `declared`."""
+
+    name = "convention-muon"
+
+    def __init__(self, actual: Conventions, declared: Conventions) -> None:
+        self.actual, self.declared = actual, declared
+
+    def conventions(self, case: Case) -> Conventions:
+        return self.declared
+
+    def make(self, params, case):
+        return _ConventionSGD(params, case, self.actual)
+
+
+class _ConventionSGD(torch.optim.Optimizer):
+    def __init__(self, params, case: Case, conv: Conventions) -> None:
+        super().__init__(params, {})
+        self.case, self.conv = case, conv
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        case, conv = self.case, self.conv
+        held = {"fp64": torch.float64, "fp32": torch.float32}
+        for p in self.param_groups[0]["params"]:
+            state = self.state[p]
+            t = state["t"] = state.get("t", 0) + 1
+            m = state.setdefault("m", torch.zeros_like(p, dtype=held[conv.state_dtype]))
+            mu = case.momentum
+            if conv.momentum == "ema_debiased":
+                beta = 1.0 - (1.0 - mu) / (1.0 - mu**t)
+                m.mul_(beta).add_(p.grad.to(m.dtype) * (1.0 - beta))
+            else:
+                m.mul_(mu).add_(p.grad.to(m.dtype) * (1.0 if conv.momentum == "sum" else 1.0 - mu))
+            buf = m.to(torch.float64)
+            u = (p.grad + {"sum": mu * buf, "ema": buf, "plus": buf}[conv.nesterov]
+                 if case.nesterov else buf)
+            if conv.nesterov == "ema" and case.nesterov:
+                u = (1.0 - mu) * p.grad + mu * buf
+            x = u / (u.norm() + conv.orthogonalizer.normaliser.eps)
+            for a, b, c in conv.orthogonalizer.schedule:
+                s = x @ x.mT
+                x = a * x + (b * s + c * s @ s) @ x
+            lr = torch.tensor(case.lr, dtype=held[conv.lr_dtype])
+            scale = torch.tensor(math.sqrt(p.shape[0] / p.shape[1]), dtype=held[conv.lr_dtype])
+            step = float(lr * scale)
+            mask = (p * x > 0).to(p.dtype) if conv.weight_decay_mask == "cautious" else 1.0
+            p.mul_(1.0 - float(lr) * case.weight_decay * mask).sub_(step * x)
+
+
+BASE = Conventions(orthogonalizer=Orthogonalizer.named("newton_schulz"), compute_dtype="fp64")
+
+VARIANTS = {
+    "momentum ema_debiased": (dataclasses.replace(BASE, momentum="ema_debiased"), False),
+    "nesterov plus": (dataclasses.replace(BASE, momentum="ema", nesterov="plus"), True),
+    "weight_decay_mask cautious": (dataclasses.replace(BASE, weight_decay_mask="cautious"), True),
+    "state_dtype fp32": (dataclasses.replace(BASE, state_dtype="fp32"), True),
+    "lr_dtype fp32": (dataclasses.replace(BASE, lr_dtype="fp32"), True),
+    "schedule You": (dataclasses.replace(BASE, orthogonalizer=Orthogonalizer.polynomial(YOU_QUINTICS, eps=1e-7)), True),
+}
+"""name -> (a convention that differs from BASE, whether the case is Nesterov)."""
+
+WRONG = {"momentum ema_debiased": dict(momentum="ema"), "nesterov plus": dict(nesterov="ema")}
+"""The nearest wrong declaration where BASE would differ in more than the one field."""
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_convention_is_load_bearing(name):
+    """Without Nesterov the debiased EMA differs from the EMA by a scale 1/(1 - mu^t) that the
+    normaliser removes up to its eps: load-bearing at fp64 tolerance through eps alone."""
+    actual, nesterov = VARIANTS[name]
+    case = dataclasses.replace(CASE, nesterov=nesterov)
+    wrong = dataclasses.replace(actual, **WRONG[name]) if name in WRONG else BASE
+    inputs = make_inputs(case)
+    right_peer, wrong_peer = ConventionMuon(actual, actual), ConventionMuon(actual, wrong)
+    traj = right_peer.run(inputs.params, inputs.grads, case)
+    assert reference(case, right_peer, inputs, traj).status == "pass"
+    assert reference(case, wrong_peer, inputs, traj).status == "fail"
+
+
+def test_trailing_rows_are_load_bearing():
+    """Our NorMuon restores the norm of the whole parameter: declaring "trailing" for it (the
+    convention of a per-slice implementation) fails on a batch of matrices, "matrix" passes."""
+    case = Case.from_id("normuon/conv1d-8x4x5/mb1/noflat/fp64@fp64/ns/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0")
+
+    class Declared(OursMuon):
+        def __init__(self, rows):
+            self.rows = rows
+
+        def conventions(self, c):
+            return dataclasses.replace(super().conventions(c), normuon_rows=self.rows)
+
+    inputs = make_inputs(case)
+    traj = Declared("matrix").run(inputs.params, inputs.grads, case)
+    assert reference(case, Declared("matrix"), inputs, traj).status == "pass"
+    assert reference(case, Declared("trailing"), inputs, traj).status == "fail"
+
+
+def test_reference_step_threads_the_debiased_state():
+    """reference_muon_step returns the DebiasedMomentum it needs back; the harness threads it."""
+    conv = Conventions(orthogonalizer=NS, momentum="ema_debiased")
+    g = np.random.default_rng(0).standard_normal((3, 4))
+    _, m1 = reference_muon_step(np.zeros((3, 4)), np.zeros((3, 4)), g, PLAIN, conv)
+    _, m2 = reference_muon_step(np.zeros((3, 4)), m1, g, PLAIN, conv)
+    assert (m1.steps, m2.steps) == (1, 2)
+    np.testing.assert_allclose(m2.buffer, g, rtol=1e-15)  # a constant gradient: the debiased EMA is G

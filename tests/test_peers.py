@@ -1,0 +1,132 @@
+"""The peer adapters: unsupported (never an error) without their package, and, where the peer is
+installed, judged on a few cases whose verdicts the findings rest on. The findings' standalone
+reproductions under docs/findings/ run here too; each skips when its peer is absent."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cases import Case
+from harness.checks import reference
+from harness.inputs import make_inputs
+from harness.runner import run_case
+from harness.targets import ALIASES, load_target
+from harness.targets.peers import PeerTarget
+
+PEERS = {
+    # alias: (import name, pip extra)
+    "deepspeed-gram": ("deepspeed", "deepspeed"),
+    "deepspeed-standard": ("deepspeed", "deepspeed"),
+    "dion": ("dion", "dion"),
+    "heavyball": ("heavyball", "heavyball"),
+    "dtensor-muon": ("dtensor_muon", "dtensor-muon"),
+    "gram-newton-schulz": ("gram_newton_schulz", "gram-newton-schulz"),
+}
+FINDINGS = Path(__file__).resolve().parent.parent / "docs" / "findings"
+CASE = "muon/linear-12x20/mb2/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps2/gaussian/seed0"
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def needs(alias: str):
+    name = PEERS[alias][0]
+    return pytest.mark.skipif(not installed(name), reason=f"peer {name} is not installed")
+
+
+def statuses(case_id: str, alias: str) -> dict[str, str]:
+    return {r.check: r.status for r in run_case(Case.from_id(case_id), load_target(alias), alias)}
+
+
+@pytest.mark.parametrize("alias", sorted(PEERS))
+def test_alias_loads_a_peer_target(alias):
+    assert alias in ALIASES
+    target = load_target(alias)
+    assert isinstance(target, PeerTarget) and target.name == alias
+    assert target.distribution in target.version()
+
+
+@pytest.mark.parametrize("alias", sorted(PEERS))
+def test_absent_peer_makes_every_case_unsupported(alias, monkeypatch):
+    """Without its package an adapter still loads; every check of every case is `unsupported` with
+    the install command, and nothing raises."""
+    name, extra = PEERS[alias]
+    real = importlib.import_module
+
+    def no_peer(module, *args, **kwargs):
+        if module == name or module.startswith(name + "."):
+            raise ImportError(f"No module named {module!r}")
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", no_peer)
+    target = load_target(alias)
+    records = run_case(Case.from_id(CASE), target, alias)
+    assert records and {r.status for r in records} == {"unsupported"}
+    assert all(f"pip install 'muon-conformance[{extra}]'" in r.message for r in records)
+
+
+@needs("heavyball")
+def test_heavyball_fp64_is_judged_with_its_fp32_lr_and_state():
+    """heavyball keeps lr and momentum in fp32 for fp64 parameters (2e-8 relative): declared, the
+    Nesterov case passes at 1e-14. Without Nesterov its bias-corrected EMA's beta_t is computed in
+    fp32 through expm1/log1p, which the oracle rounds only once: the residue stays fp32-sized, a
+    gap of the fp64 tolerance (it does not know the declared state format), not a defect."""
+    fp64 = "muon/linear-12x20/mb1/noflat/fp64@fp64/ns/spectral_norm/{}/wd0.1/steps3/gaussian/seed0"
+    assert set(statuses(fp64.format("nesterov"), "heavyball").values()) == {"pass"}
+    case, target = Case.from_id(fp64.format("plain")), load_target("heavyball")
+    inputs = make_inputs(case)
+    outcome = reference(case, target, inputs, target.run(inputs.params, inputs.grads, case))
+    assert outcome.status == "fail" and outcome.metrics.rel_err < 1e-6
+
+
+@needs("dion")
+def test_dion_megabatch_with_flatten_is_flagged():
+    """Finding: dion's Muon(flatten=True) orthogonalizes a megabatch as one matrix."""
+    mixed = "muon/conv2d-8x4x3x3/mb3/flat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0"
+    got = statuses(mixed, "dion")
+    assert got["reference"] == "fail"
+    assert set(statuses(mixed.replace("mb3", "mb1"), "dion").values()) == {"pass"}
+
+
+@needs("dion")
+def test_dion_normuon_kernel_rows_are_flagged_only_with_flatten():
+    flat = "normuon/conv1d-8x4x5/mb1/flat/bf16@bf16/ns/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0"
+    got = statuses(flat, "dion")
+    assert got["reference"] == "fail" and got["equiv2d"] == "fail"
+    assert set(statuses(flat.replace("/flat/", "/noflat/"), "dion").values()) == {"pass"}
+
+
+@needs("deepspeed-gram")
+def test_deepspeed_conv_kernel_is_an_error_and_a_matrix_passes():
+    conv = "muon/conv2d-8x4x3x3/mb1/flat/fp32@fp32/ns/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0"
+    assert set(statuses(conv, "deepspeed-gram").values()) == {"error"}
+    assert set(statuses(conv.replace("conv2d-8x4x3x3", "linear-12x20").replace("/flat/", "/noflat/"),
+                        "deepspeed-gram").values()) == {"pass"}
+
+
+@needs("dtensor-muon")
+def test_dtensor_muon_runs_its_pure_torch_loops_on_cpu():
+    assert set(statuses(CASE, "dtensor-muon").values()) == {"pass"}
+
+
+@needs("gram-newton-schulz")
+def test_gram_newton_schulz_passes_a_batch_of_matrices():
+    case = "muon/conv1d-8x4x5/mb2/noflat/fp32@bf16/pe/rms_norm/nesterov/wd0.1/steps2/gaussian/seed0"
+    assert set(statuses(case, "gram-newton-schulz").values()) == {"pass"}
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in FINDINGS.glob("*.py")))
+def test_finding_reproduces(script):
+    """Each finding's standalone reproduction exits 1 while the defect is present upstream."""
+    peer = script.split("-")[0]
+    if not installed(peer):
+        pytest.skip(f"peer {peer} is not installed")
+    proc = subprocess.run([sys.executable, str(FINDINGS / script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
