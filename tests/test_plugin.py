@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -170,20 +171,54 @@ def test_inert_without_target(peer):
     assert "muon" not in result.stdout.lower()
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--muon-target", "peer_muon.targets:nope"), "--muon-target: target 'peer_muon.targets:nope'"),
-    (("--muon-target", "no_such_module:target"), "cannot import 'no_such_module'"),
-    (("--muon-target=peer_muon.targets:good", "--muon-select", "no-such-case"), "no case of tier 'ci' matches"),
-    (("--muon-target=peer_muon.targets:good", "--muon-backend", "tpu"), "--muon-backend 'tpu'"),
-    (("--muon-target=peer_muon.targets:good", "--muon-tier", "weekly"), "--muon-tier 'weekly'"),
-])
-def test_bad_options_are_one_line_usage_errors(peer, tmp_path, args, message):
+def test_bad_target_is_a_one_line_usage_error(peer, tmp_path):
     out = tmp_path / "never"
-    result = pytest_in(peer, *args, f"--muon-out={out}")
+    result = pytest_in(peer, "--muon-target=peer_muon.targets:nope", f"--muon-out={out}")
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
-    assert len(errors) == 1 and errors[0].startswith("ERROR: ") and message in errors[0], result.stderr
+    assert errors == ["ERROR: --muon-target: target 'peer_muon.targets:nope': peer_muon.targets has no callable 'nope'"], \
+        result.stderr
     assert not out.exists(), "a usage error must write nothing"
+
+
+OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "muon_backend": "cpu",
+           "muon_out": None}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"muon_target": "no_such_module:target"}, "--muon-target: target 'no_such_module:target': cannot import"),
+    ({"muon_target": "harness.targets:TargetError"}, "returned TargetError, not a harness Target"),
+    ({"muon_select": ["no-such-case"]}, "--muon-select ['no-such-case']: no case of tier 'ci' matches"),
+    ({"muon_backend": "cpu,tpu"}, "--muon-backend 'cpu,tpu': name distinct backends of"),
+    ({"muon_backend": "cpu,cpu"}, "--muon-backend 'cpu,cpu': name distinct backends of"),
+    ({"muon_tier": "weekly"}, "--muon-tier 'weekly': expected one of ci, nightly"),
+    ({"muon_out": "FILE"}, "exists and is not a directory"),
+])
+def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, options, message):
+    """The validation in-process (the subprocess test above shows how pytest prints it)."""
+    from harness.pytest_plugin import ConformanceSession
+
+    (tmp_path / "FILE").write_text("not a directory")
+    out = tmp_path / "out"
+    chosen = {**OPTIONS, "muon_out": out, **options}
+    if chosen["muon_out"] == "FILE":
+        chosen["muon_out"] = tmp_path / "FILE"
+    with pytest.raises(pytest.UsageError) as raised:
+        ConformanceSession(SimpleNamespace(getoption=chosen.__getitem__))
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+    assert not out.exists() and (tmp_path / "FILE").read_text() == "not a directory"
+
+
+def test_good_options_create_the_out_dir_on_the_controller_only(tmp_path):
+    from harness.pytest_plugin import ConformanceSession
+
+    worker = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "w"}.__getitem__,
+                                                workerinput={"workerid": "gw0"}))
+    assert not worker.is_controller and not (tmp_path / "w").exists()
+    controller = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "c"}.__getitem__))
+    assert controller.is_controller and (tmp_path / "c").is_dir()
+    assert [c.id for c in controller.cases] == [LINEAR]
 
 
 def test_entry_point_is_declared():
