@@ -4,6 +4,7 @@
          run.json, report.html, summary.md (and diff.html, diff.md with --baseline)
   diff   compare two stored runs (a PR against its base, tonight against last night)
   trend  error/tolerance ratio per check over several stored runs
+  pr-diff  run the CI tier of a base commit (in a git worktree) and of this checkout, and diff them
 
 Exit status: 0 success; 1 a check failed or errored, nothing at all was checked, or
 (diff, --baseline) the head regressed; 2 bad usage (unknown option, target or backend,
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from cases import TIERS
+from harness import pr_diff
 from harness.backends import get as get_backend
 from harness.pool import TorchrunRanks, under_torchrun
 from harness.runner import BACKENDS, run
@@ -58,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trend", help="ratio per check over several stored runs")
     t.add_argument("runs", nargs="+", type=Path, help="directories of stored runs")
     t.add_argument("--out", default="out/trend", type=Path, help="directory for trend.html")
+    pr_diff.add_parser(sub)
     return parser
 
 
@@ -163,7 +166,7 @@ def cmd_trend(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "diff": cmd_diff, "trend": cmd_trend}
+COMMANDS = {"run": cmd_run, "diff": cmd_diff, "trend": cmd_trend, "pr-diff": pr_diff.command}
 
 
 def main(argv: list[str] | None = None) -> int:
