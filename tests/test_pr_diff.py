@@ -167,6 +167,7 @@ def test_workflow_runs_pr_diff_on_pull_requests():
     assert checkout["with"]["fetch-depth"] == 0
     diff = next(s for s in steps if "harness pr-diff" in s.get("run", ""))
     assert "github.event_name == 'pull_request'" in diff["if"]
-    assert "--base-ref origin/${{ github.base_ref }} --head-run out --out out/diff" in diff["run"]
+    assert diff["env"]["BASE_REF"] == "${{ github.base_ref }}"
+    assert '--base-ref "origin/$BASE_REF" --head-run out --out out/diff' in diff["run"]
     uploads = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert any("out/diff/diff.html" in s["with"]["path"] for s in uploads)
