@@ -64,28 +64,31 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class CaseFailed(Exception):
-    """A case with at least one failing or erroring check; carries its records."""
+    """A case with at least one failing or erroring check; carries its records and how to rerun it."""
 
-    def __init__(self, records: list[Record]) -> None:
+    def __init__(self, records: list[Record], rerun: str) -> None:
         super().__init__(f"{sum(r.failing for r in records)} of {len(records)} checks failing")
         self.records = records
+        self.rerun = rerun
 
     def describe(self) -> str:
-        """The failing checks, each with ratio, tolerance source, message and diagnosis, then the repro."""
+        """Each failing check (ratio, tolerance and its source when measured; message), the diagnoses
+        when the records carry any, the other checks, then the commands that rerun the case alone."""
+        from reports.records import format_metric
+
         lines = []
-        for r in self.records:
-            if not r.failing:
-                continue
-            lines.append(f"{r.status.upper()} {r.check} (ratio {r.ratio:.3g}, rtol {r.tolerance:.3g}"
-                         f"{'; ' + r.tolerance_source if r.tolerance_source else ''})")
+        for r in (r for r in self.records if r.failing):
+            measured = format_metric(r.ratio)
+            lines.append(f"{r.status.upper()} {r.check}" + (f" (ratio {measured}, rtol {format_metric(r.tolerance)}; "
+                                                            f"{r.tolerance_source})" if measured else ""))
             lines += [f"    {line}" for line in r.message.strip().splitlines()]
-            diagnosis = getattr(r, "diagnosis", "")
-            if diagnosis:
-                lines.append(f"    diagnosis: {diagnosis}")
-        passing = [f"{r.check} {r.status}" for r in self.records if not r.failing]
-        if passing:
-            lines.append("other checks: " + ", ".join(passing))
+        diagnoses = dict.fromkeys(d for r in self.records if (d := getattr(r, "diagnosis", "")))
+        lines += [f"diagnosis: {d}" for d in diagnoses]
+        others = [f"{r.check} {r.status}" for r in self.records if not r.failing]
+        if others:
+            lines.append("other checks: " + ", ".join(others))
         lines.append(f"repro: {self.records[0].repro}")
+        lines.append(f"repro in pytest: {self.rerun}")
         return "\n".join(lines)
 
 
@@ -114,7 +117,7 @@ class CaseItem(pytest.Item):
         if not records:
             pytest.fail(f"{self.case.id}: the harness produced no check, so nothing was judged", pytrace=False)
         if any(r.failing for r in records):
-            raise CaseFailed(records)
+            raise CaseFailed(records, plugin.rerun(self.case, self.backend))
         if all(r.status in ("unsupported", "skipped") for r in records):
             pytest.skip("; ".join(sorted({f"{r.status}: {r.message}" for r in records})))
 
@@ -185,6 +188,11 @@ class ConformanceSession:
         self.records: dict[str, list[Record]] = {}
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.t0 = time.perf_counter()
+
+    def rerun(self, case: Case, backend: str) -> str:
+        """The pytest command that reruns `case` alone on `backend`."""
+        return shlex.join(["pytest", "-p", "harness.pytest_plugin", f"--muon-target={self.spec}",
+                           f"--muon-backend={backend}", f"--muon-select={case.id}"])
 
     @property
     def is_controller(self) -> bool:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from cases import Case
 from reports import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +131,8 @@ def test_broken_target_fails_its_conv_case_under_xdist(peer, tmp_path):
     # the failure names the failing check with its ratio and gives the command that reruns the case alone
     assert re.search(r"FAIL reference \(ratio \d", log), log
     assert f"repro: python -m harness run --target peer_muon.targets:broken --backend cpu --select {CONV}" in log, log
+    assert ("repro in pytest: pytest -p harness.pytest_plugin --muon-target=peer_muon.targets:broken "
+            f"--muon-backend=cpu --muon-select={CONV}") in log, log
     assert "peer-muon implements Muon only" in log, log  # the skip's reason
 
     records, context = load_run(out)
@@ -235,3 +238,32 @@ def test_entry_point_in_pyproject():
     tomllib = pytest.importorskip("tomllib")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
     assert declared == {"harness.pytest_plugin": "harness.pytest_plugin"}
+
+
+def test_failure_text_names_checks_diagnosis_and_both_repros():
+    """The message of a failing case, on records as the runner writes them (ratio NaN for an error)."""
+    import dataclasses
+    import math
+
+    from harness.pytest_plugin import CaseFailed
+    from harness.runner import repro_command
+    from reports import Record
+
+    repro = repro_command(Case.from_id(CONV), "ours", "cpu")
+    common = dict(case_id=CONV, target="ours", backend="cpu", world_size=1, layout="single", optimizer="muon",
+                  layer="conv1d", shape="8x4x5", megabatch=1, flatten=True, param_dtype="fp32", compute_dtype="fp32",
+                  orthogonalizer="polar_express", repro=repro)
+    records = [Record(check="reference", status="fail", ratio=12.5, tolerance=2e-5, tolerance_source="policy fp32",
+                      message="worst at member 0 step 1", **common),
+               Record(check="megabatch", status="error", message="target raised: boom", **common),
+               Record(check="equiv2d", status="pass", ratio=0.5, **common)]
+    has_diagnosis = "diagnosis" in {f.name for f in dataclasses.fields(records[0])}
+    if has_diagnosis:
+        records = [dataclasses.replace(r, diagnosis="lr scale off by a constant factor") if r.failing else r
+                   for r in records]
+    text = CaseFailed(records, "pytest --muon-select=X").describe().splitlines()
+    assert text[:4] == ["FAIL reference (ratio 12.5, rtol 2e-05; policy fp32)", "    worst at member 0 step 1",
+                        "ERROR megabatch", "    target raised: boom"]
+    assert text[-3:] == ["other checks: equiv2d pass", f"repro: {repro}", "repro in pytest: pytest --muon-select=X"]
+    assert ("diagnosis: lr scale off by a constant factor" in text) == has_diagnosis
+    assert not any("nan" in line for line in text) and math.isnan(records[1].ratio)
