@@ -130,8 +130,8 @@ def _worktree(top: Path, sha: str) -> Iterator[Path]:
     """A detached worktree of `sha` in a temporary directory, removed (and pruned) on exit."""
     with tempfile.TemporaryDirectory(prefix="pr-diff-base-") as tmp:
         tree = Path(tmp) / "base"
-        _git(["worktree", "add", "--detach", str(tree), sha], top, f"cannot create a worktree of {sha} in {tree}")
         try:
+            _git(["worktree", "add", "--detach", str(tree), sha], top, f"cannot create a worktree of {sha} in {tree}")
             yield tree
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=top, capture_output=True)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -171,3 +173,27 @@ def test_workflow_runs_pr_diff_on_pull_requests():
     assert '--base-ref "origin/$BASE_REF" --head-run out --out out/diff' in diff["run"]
     uploads = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert any("out/diff/diff.html" in s["with"]["path"] for s in uploads)
+
+
+def test_sigterm_during_the_base_run_removes_the_worktree(repo, tmp_path):
+    """A cancelled CI job: pr-diff is terminated while the base runs; the worktree goes with it."""
+    git(repo, "checkout", "-q", "base")
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY")}
+    process = subprocess.Popen([sys.executable, "-m", "harness", "pr-diff", "--base-ref", "base", "--head-run",
+                                str(head), "--out", str(tmp_path / "out"), *SELECTION], cwd=repo, env=clean,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(worktrees(repo)) == 1 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(worktrees(repo)) == 2, "the base's worktree never appeared"
+        tree = Path(worktrees(repo)[1].removeprefix("worktree "))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 128 + signal.SIGTERM, process.stderr.read()
+    finally:
+        process.kill()
+        process.wait()
+    assert len(worktrees(repo)) == 1 and not tree.exists() and not tree.parent.exists()
