@@ -4,7 +4,7 @@
          run.json, report.html, summary.md (and diff.html, diff.md with --baseline)
   diff   compare two stored runs (a PR against its base, tonight against last night)
   trend  error/tolerance ratio per check over several stored runs
-  pr-diff  run the CI tier of a base commit (in a git worktree) and of this checkout, and diff them
+  pr-diff  the CI tier of a base commit (run in a git worktree) against this checkout's
 
 Exit status: 0 success; 1 a check failed or errored, nothing at all was checked, or
 (diff, --baseline) the head regressed; 2 bad usage (unknown option, target or backend,
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trend", help="ratio per check over several stored runs")
     t.add_argument("runs", nargs="+", type=Path, help="directories of stored runs")
     t.add_argument("--out", default="out/trend", type=Path, help="directory for trend.html")
-    pr_diff.add_parser(sub)
+    pr_diff.arguments(sub.add_parser("pr-diff", help=pr_diff.HELP))
     return parser
 
 

@@ -5,12 +5,13 @@
 1. Before anything runs (else exit 2, one line): the working directory is inside a git
    repository, REF names a commit of it, --head-run (when given) holds a stored run,
    --out is not a file, and the selection is not empty.
-2. Head: the run in --head-run, or this checkout's CI tier run into OUT/head-run.
+2. Head: this checkout's CI tier run into OUT/head-run, or the files of --head-run copied
+   there (so that OUT, which may lie inside --head-run as in CI, is never inside a run read).
 3. Base: REF checked out in a temporary `git worktree`, where that commit's own harness runs
    its CI tier (`python -m harness run --tier ci`, cwd and PYTHONPATH = the worktree, this
    interpreter) into OUT/base-run; the run must record REF's commit, so the base's code is
    what ran. The worktree is removed afterwards, also on failure or SIGTERM.
-4. `python -m harness diff OUT/base-run HEAD --out OUT` (the same rules, in this process)
+4. `python -m harness diff OUT/base-run OUT/head-run --out OUT` (the same rules, in this process)
    writes diff.html and diff.md; diff.md is appended to $GITHUB_STEP_SUMMARY when set.
 
 Exit status: the diff's (0 no regression, 1 regression, 2 runs not comparable), or 2 for a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,13 +42,15 @@ class PrDiffError(Exception):
     """A usage error or a base run that cannot be compared: one line, exit status 2."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `pr-diff` on the harness command line."""
-    p = sub.add_parser("pr-diff", help="run the CI tier of a base commit and of this checkout, and diff them")
+HELP = "run the CI tier of a base commit (in a git worktree) and of this checkout, and diff them"
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    """Declare pr-diff's options on its subparser."""
     p.add_argument("--base-ref", required=True, metavar="REF", help="git ref of the base, e.g. origin/main")
     p.add_argument("--head-run", type=Path, metavar="DIR", help="a stored run of this checkout (else run it)")
     p.add_argument("--out", default=Path("pr-diff-out"), type=Path,
-                   help="directory for diff.html, diff.md and the runs (default: pr-diff-out)")
+                   help="directory for diff.html, diff.md and the two runs (default: pr-diff-out)")
     p.add_argument("--select", action="append", default=[], metavar="SUBSTRING",
                    help="keep cases whose id contains SUBSTRING (repeatable), in both runs")
 
@@ -78,10 +82,11 @@ def pr_diff(base_ref: str, head_run: Path | None, out: Path, patterns: list[str]
         raise PrDiffError(f"--select {patterns}: no case of tier {TIER!r} matches")
     out = out.resolve()
     selection = [arg for p in patterns for arg in ("--select", p)]
+    head, base_run = out / "head-run", out / "base-run"
     if head_run is None:
-        head_run = out / "head-run"
-        _harness_run(top, head_run, selection, "head")
-    base_run = out / "base-run"
+        _harness_run(top, head, selection, "head")
+    else:
+        _copy_files(head_run, head)
     with _worktree(top, base_sha) as tree:
         _harness_run(tree, base_run, selection, f"base {base_ref} ({base_sha[:12]})")
     ran = load_run(base_run)[1].get("commit", "")
@@ -90,7 +95,7 @@ def pr_diff(base_ref: str, head_run: Path | None, out: Path, patterns: list[str]
                           f"another checkout's harness ran")
     from harness.cli import main  # the `diff` subcommand itself, so its rules are the ones applied
 
-    status = main(["diff", str(base_run), str(head_run), "--out", str(out)])
+    status = main(["diff", str(base_run), str(head), "--out", str(out)])
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary and (out / "diff.md").is_file():
         with open(summary, "a") as handle:
@@ -123,6 +128,16 @@ def _harness_run(checkout: Path, out: Path, selection: list[str], which: str) ->
         load_run(out)
     except ValueError as exc:
         raise PrDiffError(f"the {which} run stored no run: {exc}") from None
+
+
+def _copy_files(run: Path, to: Path) -> None:
+    """The files of stored run `run` (not its subdirectories, where OUT may lie) into `to`."""
+    if run.resolve() == to:
+        return
+    to.mkdir(parents=True, exist_ok=True)
+    for path in run.iterdir():
+        if path.is_file():
+            shutil.copy2(path, to / path.name)
 
 
 @contextlib.contextmanager

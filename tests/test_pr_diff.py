@@ -99,16 +99,18 @@ def test_a_planted_bug_regresses(repo, tmp_path):
     assert len(worktrees(repo)) == 1, "the base's worktree must be removed"
 
 
-def test_a_harmless_head_passes_reusing_its_run(repo, tmp_path):
+def test_a_harmless_head_passes_reusing_its_run_as_ci_does(repo, tmp_path):
+    """CI's layout: the head's run in out/, the diff into out/diff/ (inside that run's directory)."""
     head_commit(repo, "harmless", LR_SCALE, RMS_LINE, RMS_LINE + "  # the rms_norm convention's 0.2")
-    head_run = tmp_path / "head"
+    head_run = tmp_path / "out"
     assert harness(repo, "run", "--out", str(head_run), *SELECTION).returncode == 0
-    out = tmp_path / "diff"
+    out = head_run / "diff"
     result = harness(repo, "pr-diff", "--base-ref", "base", "--head-run", str(head_run), "--out", str(out),
                      *SELECTION)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (out / "diff.md").read_text().startswith("# OK"), (out / "diff.md").read_text()
-    assert not (out / "head-run").exists(), "--head-run is reused, not run again"
+    assert "pr-diff: head" not in result.stderr, "--head-run is reused, not run again"
+    assert load_run(out / "head-run")[0] == load_run(head_run)[0]
     assert len(worktrees(repo)) == 1
 
 
