@@ -142,15 +142,22 @@ def _copy_files(run: Path, to: Path) -> None:
 
 @contextlib.contextmanager
 def _worktree(top: Path, sha: str) -> Iterator[Path]:
-    """A detached worktree of `sha` in a temporary directory, removed (and pruned) on exit."""
-    with tempfile.TemporaryDirectory(prefix="pr-diff-base-") as tmp:
-        tree = Path(tmp) / "base"
+    """A detached worktree of `sha` in a temporary directory; on exit removed, its directory deleted
+    and git's record pruned. SIGINT and SIGTERM wait while git creates it: a `git worktree add`
+    killed halfway leaves a locked, half-made worktree that git would neither remove nor prune."""
+    tmp = Path(tempfile.mkdtemp(prefix="pr-diff-base-"))
+    tree = tmp / "base"
+    try:
+        deferred = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             _git(["worktree", "add", "--detach", str(tree), sha], top, f"cannot create a worktree of {sha} in {tree}")
-            yield tree
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=top, capture_output=True)
-            subprocess.run(["git", "worktree", "prune"], cwd=top, capture_output=True)
+            signal.pthread_sigmask(signal.SIG_SETMASK, deferred)
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", "--force", str(tree)], cwd=top, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=top, capture_output=True)
 
 
 @contextlib.contextmanager
