@@ -175,6 +175,10 @@ class ConformanceSession:
             self.target = load_target(self.spec)
         except TargetError as exc:
             raise pytest.UsageError(f"--muon-target: {exc}") from None
+        except Exception as exc:  # a target module that raises on import is bad input too, whatever it raises
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise pytest.UsageError(f"--muon-target {self.spec!r}: loading it raised {type(exc).__name__}: {first}") \
+                from None
         self.cases = select(self.tier, self.patterns)
         if not self.cases:
             raise pytest.UsageError(f"--muon-select {self.patterns}: no case of tier {self.tier!r} matches")
@@ -244,8 +248,7 @@ class ConformanceSession:
 
 
 def _decode(text: str) -> list[Record]:
-    """Records from a test's JSON property (fields absent in an older writer take their defaults)."""
+    """Records from a test's JSON property (as `runtest` wrote them; NaN travels as JSON's NaN)."""
     from reports import Record
 
-    names = {f.name for f in dataclasses.fields(Record)}
-    return [Record(**{k: v for k, v in row.items() if k in names}) for row in json.loads(text)]
+    return [Record(**row) for row in json.loads(text)]

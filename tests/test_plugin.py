@@ -191,16 +191,19 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
 @pytest.mark.parametrize("options, message", [
     ({"muon_target": "no_such_module:target"}, "--muon-target: target 'no_such_module:target': cannot import"),
     ({"muon_target": "harness.targets:TargetError"}, "returned TargetError, not a harness Target"),
+    ({"muon_target": "raises_on_import:target"}, "'raises_on_import:target': loading it raised RuntimeError: boom"),
     ({"muon_select": ["no-such-case"]}, "--muon-select ['no-such-case']: no case of tier 'ci' matches"),
     ({"muon_backend": "cpu,tpu"}, "--muon-backend 'cpu,tpu': name distinct backends of"),
     ({"muon_backend": "cpu,cpu"}, "--muon-backend 'cpu,cpu': name distinct backends of"),
     ({"muon_tier": "weekly"}, "--muon-tier 'weekly': expected one of ci, nightly"),
     ({"muon_out": "FILE"}, "exists and is not a directory"),
 ])
-def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, options, message):
+def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, monkeypatch, options, message):
     """The validation in-process (the subprocess test above shows how pytest prints it)."""
     from harness.pytest_plugin import ConformanceSession
 
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "FILE").write_text("not a directory")
     out = tmp_path / "out"
     chosen = {**OPTIONS, "muon_out": out, **options}
