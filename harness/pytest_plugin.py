@@ -231,7 +231,7 @@ class ConformanceSession:
         info = RunInfo(target=f"{self.target.name} [{self.spec}] {self.target.version()}", tier=self.tier,
                        backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
                        started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
-                       torch_version=torch.__version__, commit=project_commit())
+                       torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns))
         write_run(records, info, self.target, self.out)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
