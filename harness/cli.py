@@ -5,6 +5,7 @@
          run.json, report.html, summary.md (and diff.html, diff.md with --baseline)
   diff   compare two stored runs (a PR against its base, tonight against last night)
   trend  error/tolerance ratio per check over several stored runs
+  pr-diff  the CI tier of a base commit (run in a git worktree) against this checkout's
 
 Every subcommand is one `Command` in `COMMANDS`: its help, the function that declares its
 arguments and the function that runs it; a new subcommand is a new entry.
@@ -41,17 +42,18 @@ import torch
 import torch.distributed as dist
 
 from cases import TIERS, Case
+from harness import pr_diff
 from harness.backends import get as get_backend
 from harness.details import Pictures
+from harness.outputs import write_run
 from harness.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
 from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.selection import nearest, select
 from harness.targets import DEFAULT, load_target
 from harness.targets.base import Target
-from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_html,
-                     render_markdown, render_trend_html, save_run, status_counts)
+from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
+                     status_counts)
 from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
-from reports.pictures import case_pictures
 from reports.store import project_commit
 
 Run = tuple[list, dict[str, Any]]
@@ -314,10 +316,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
                    interrupted=stopped.reason if stopped else "")
-    save_run(records, info, args.out)
-    drawn = {d.key: case_pictures(d.where, d.error, d.sv_judged, d.sv_reference) for d in pictures.details()}
-    (args.out / "report.html").write_text(render_html(records, info, drawn))
-    (args.out / "summary.md").write_text(render_markdown(records, info))
+    write_run(records, info, args.out, pictures)
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]
     print(f"{len(records)} checks: " + ", ".join(f"{counts[s]} {s}" for s in counts)
@@ -365,6 +364,7 @@ COMMANDS: dict[str, Command] = {
     "run": Command("judge a target over a tier of cases", _run_arguments, cmd_run),
     "diff": Command("compare two stored runs", _diff_arguments, cmd_diff),
     "trend": Command("ratio per check over several stored runs", _trend_arguments, cmd_trend),
+    "pr-diff": Command(pr_diff.HELP, pr_diff.arguments, pr_diff.command),
 }
 
 

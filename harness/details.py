@@ -51,6 +51,10 @@ class Pictures:
         ranked = worst_first(r for r, _ in self._kept.values())[:self.limit]
         self._kept = {r.key: self._kept[r.key] for r in ranked}
 
+    def kept(self) -> list[tuple[Record, Evidence]]:
+        """The kept (record, evidence) pairs, worst first: what another process's keeper can `offer`."""
+        return [self._kept[r.key] for r in worst_first(r for r, _ in self._kept.values())]
+
     def details(self) -> list[Detail]:
         """The kept checks' pictures' data, worst first."""
         out = []

@@ -1,0 +1,275 @@
+"""The conformance tier as tests of your own pytest suite (entry point `pytest11`).
+
+    pytest -n auto --muon-target=my_pkg.targets:target [--muon-tier=ci|nightly]
+           [--muon-select=SUBSTRING ...] [--muon-backend=cpu,gloo,...] [--muon-out=DIR]
+
+Write each value with `=`: pytest chooses its rootdir (and ini file) before plugin options
+are known, so a separate value that is an existing path would count as a test path.
+
+One test per (backend, case): node id `muon-<backend>::<case id>`. A test fails when any
+of the case's checks fails or errors (the message lists each failing check with its ratio,
+tolerance source, message, diagnosis when records carry one, and the repro command); it is
+skipped, with the reasons, when every check is unsupported or skipped; it passes otherwise.
+Each test hands its records to the controlling process through `report.user_properties`
+(JSON), so under xdist the controller aggregates every worker's records and, at the end of
+the session, writes to --muon-out the same stored run as `python -m harness run`
+(results.parquet, results.csv, run.json, report.html, summary.md).
+
+Inert without --muon-target: only the options are added and nothing is imported beyond
+this module, so a session of anyone who has the package installed is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from cases import Case
+    from reports import Record
+
+PROPERTY = "muon_records"
+PICTURES = "muon_pictures"
+"""xdist workeroutput key: a worker's worst reference checks and their evidence, for the report's pictures."""
+"""user_properties key under which a test's records travel to the controller, as JSON."""
+
+SESSION_PLUGIN = "muon-conformance-session"
+"""Name under which the session object below is registered when --muon-target is given."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("muon", "Muon conformance: judge a Muon implementation case by case")
+    group.addoption("--muon-target", metavar="MODULE:CALLABLE",
+                    help="harness target to judge (alias or MODULE:CALLABLE returning a harness Target); "
+                         "without it this plugin does nothing")
+    group.addoption("--muon-tier", default="ci", metavar="TIER", help="case tier: ci (default) or nightly")
+    group.addoption("--muon-select", action="append", default=[], metavar="SUBSTRING",
+                    help="keep cases whose id contains SUBSTRING (repeatable); a full case id runs that case")
+    group.addoption("--muon-backend", default="cpu", metavar="NAMES",
+                    help="comma-separated harness backends (default: cpu)")
+    group.addoption("--muon-out", type=Path, metavar="DIR",
+                    help="write the stored run, report.html and summary.md here at the end of the session "
+                         "(write --muon-out=DIR: a separate existing path would move pytest's rootdir)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("muon_target") is None:
+        return
+    config.pluginmanager.register(ConformanceSession(config), SESSION_PLUGIN)
+
+
+class CaseFailed(Exception):
+    """A case with at least one failing or erroring check; carries its records and how to rerun it."""
+
+    def __init__(self, records: list[Record], rerun: str) -> None:
+        super().__init__(f"{sum(r.failing for r in records)} of {len(records)} checks failing")
+        self.records = records
+        self.rerun = rerun
+
+    def describe(self) -> str:
+        """Each failing check (ratio, tolerance and its source when measured; message), the diagnoses
+        when the records carry any, the other checks, then the commands that rerun the case alone."""
+        from reports.records import format_metric
+
+        lines = []
+        for r in (r for r in self.records if r.failing):
+            measured = format_metric(r.ratio)
+            lines.append(f"{r.status.upper()} {r.check}" + (f" (ratio {measured}, rtol {format_metric(r.tolerance)}; "
+                                                            f"{r.tolerance_source})" if measured else ""))
+            lines += [f"    {line}" for line in r.message.strip().splitlines()]
+        diagnoses = dict.fromkeys(d for r in self.records if (d := getattr(r, "diagnosis", "")))
+        lines += [f"diagnosis: {d}" for d in diagnoses]
+        others = [f"{r.check} {r.status}" for r in self.records if not r.failing]
+        if others:
+            lines.append("other checks: " + ", ".join(others))
+        lines.append(f"repro: {self.records[0].repro}")
+        lines.append(f"repro in pytest: {self.rerun}")
+        return "\n".join(lines)
+
+
+class CaseItem(pytest.Item):
+    """One case on one backend: runs every applicable check of the case."""
+
+    def __init__(self, *, case: Case, backend: str, session_plugin: ConformanceSession, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+        self.backend = backend
+        self.session_plugin = session_plugin
+
+    def runtest(self) -> None:
+        import torch
+
+        from harness.runner import run_case
+
+        plugin = self.session_plugin
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the harness runs: deterministic kernels, parallelism from processes
+        try:
+            records = run_case(self.case, plugin.target, plugin.spec, self.backend, pictures=plugin.pictures)
+        finally:
+            torch.set_num_threads(threads)
+        self.user_properties.append((PROPERTY, json.dumps([dataclasses.asdict(r) for r in records])))
+        if not records:
+            pytest.fail(f"{self.case.id}: the harness produced no check, so nothing was judged", pytrace=False)
+        if any(r.failing for r in records):
+            raise CaseFailed(records, plugin.rerun(self.case, self.backend))
+        if all(r.status in ("unsupported", "skipped") for r in records):
+            pytest.skip("; ".join(sorted({f"{r.status}: {r.message}" for r in records})))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CaseFailed):
+            return excinfo.value.describe()
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.case.id} [{self.backend}]"
+
+
+class BackendCases(pytest.Collector):
+    """The selected cases that one backend runs (node id `muon-<backend>`), one item each."""
+
+    def __init__(self, *, backend: str, session_plugin: ConformanceSession, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.backend = backend
+        self.session_plugin = session_plugin
+
+    def collect(self) -> list[CaseItem]:
+        from harness import backends
+
+        accepts = backends.get(self.backend).accepts
+        return [CaseItem.from_parent(self, name=case.id, case=case, backend=self.backend,
+                                     session_plugin=self.session_plugin)
+                for case in self.session_plugin.cases if accepts(case)]
+
+
+class ConformanceSession:
+    """Everything the plugin does once --muon-target is given: validates the options (a bad one is
+    a one-line usage error before any test runs), adds the cases as items, gathers their records
+    and, on the controller (or a session without xdist), writes the run to --muon-out."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from cases import TIERS
+        from harness.runner import BACKENDS
+        from harness.selection import select
+        from harness.targets import TargetError, load_target
+
+        self.config = config
+        self.spec: str = config.getoption("muon_target")
+        self.tier: str = config.getoption("muon_tier")
+        self.patterns: list[str] = config.getoption("muon_select")
+        self.out: Path | None = config.getoption("muon_out")
+        if self.tier not in TIERS:
+            raise pytest.UsageError(f"--muon-tier {self.tier!r}: expected one of {', '.join(TIERS)}")
+        names = [b.strip() for b in config.getoption("muon_backend").split(",") if b.strip()]
+        unknown = [b for b in names if b not in BACKENDS]
+        if not names or unknown or len(set(names)) != len(names):
+            raise pytest.UsageError(f"--muon-backend {config.getoption('muon_backend')!r}: name distinct "
+                                    f"backends of {', '.join(BACKENDS)}")
+        self.backends = names
+        try:
+            self.target = load_target(self.spec)
+        except TargetError as exc:
+            raise pytest.UsageError(f"--muon-target: {exc}") from None
+        except Exception as exc:  # a target module that raises on import is bad input too, whatever it raises
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise pytest.UsageError(f"--muon-target {self.spec!r}: loading it raised {type(exc).__name__}: {first}") \
+                from None
+        self.cases = select(self.tier, self.patterns)
+        if not self.cases:
+            raise pytest.UsageError(f"--muon-select {self.patterns}: no case of tier {self.tier!r} matches")
+        if self.out is not None and self.is_controller:
+            if self.out.exists() and not self.out.is_dir():
+                raise pytest.UsageError(f"--muon-out {self.out}: exists and is not a directory")
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise pytest.UsageError(f"--muon-out {self.out}: cannot create it ({exc.strerror})") from None
+        self.records: dict[str, list[Record]] = {}
+        from harness.details import Pictures
+
+        self.pictures = Pictures()
+        """This process's worst reference checks; xdist workers send theirs to the controller at the end."""
+        self.started = datetime.datetime.now(datetime.timezone.utc)
+        self.t0 = time.perf_counter()
+
+    def rerun(self, case: Case, backend: str) -> str:
+        """The pytest command that reruns `case` alone on `backend`."""
+        return shlex.join(["pytest", "-p", "harness.pytest_plugin", f"--muon-target={self.spec}",
+                           f"--muon-backend={backend}", f"--muon-select={case.id}"])
+
+    @property
+    def is_controller(self) -> bool:
+        """True in the process that writes: the xdist controller, or a session without xdist."""
+        return not hasattr(self.config, "workerinput")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
+        """Collect the cases (reported like any collection) and append them before -k, -m and
+        --deselect filter the items, so that those apply to them too."""
+        for name in self.backends:
+            cases = BackendCases.from_parent(session, name=f"muon-{name}", nodeid=f"muon-{name}", backend=name,
+                                             session_plugin=self)
+            items.extend(session.genitems(cases))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep the records a test carried (on the controller, reports come from every worker)."""
+        for key, value in report.user_properties:
+            if key == PROPERTY and report.nodeid not in self.records:
+                self.records[report.nodeid] = _decode(value)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist controller: keep the worst pictures of a worker that finished."""
+        import numpy as np
+
+        from harness.checks import Evidence
+
+        for record, (where, judged, reference) in getattr(node, "workeroutput", {}).get(PICTURES, []):
+            self.pictures.offer(Record(**record), Evidence(where, np.array(judged), np.array(reference)))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.is_controller:  # an xdist worker: its worst pictures travel to the controller
+            self.config.workeroutput[PICTURES] = [
+                (dataclasses.asdict(r), (e.where, e.judged.tolist(), e.reference.tolist()))
+                for r, e in self.pictures.kept()]
+            return
+        if self.out is None:
+            return
+        from harness.outputs import write_run
+        from reports import RunInfo
+        from reports.store import project_commit
+        import torch
+
+        records = [r for node in sorted(self.records) for r in self.records[node]]
+        args = self.config.invocation_params.args
+        info = RunInfo(target=f"{self.target.name} [{self.spec}] {self.target.version()}", tier=self.tier,
+                       backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
+                       started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
+                       torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns))
+        write_run(records, info, self.out, self.pictures)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.is_controller or self.config.option.collectonly:
+            return
+        from reports import status_counts
+
+        counts = status_counts(r for records in self.records.values() for r in records)
+        line = (f"muon conformance of {self.spec}: {sum(counts.values())} checks: "
+                + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        if self.out is not None:
+            line += f"; stored run and report in {self.out}/"
+        terminalreporter.write_sep("-", line)
+
+
+def _decode(text: str) -> list[Record]:
+    """Records from a test's JSON property (as `runtest` wrote them; NaN travels as JSON's NaN)."""
+    from reports import Record
+
+    return [Record(**row) for row in json.loads(text)]
