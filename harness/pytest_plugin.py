@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     from reports import Record
 
 PROPERTY = "muon_records"
+"""user_properties key under which a test's records travel to the controller, as JSON."""
 PICTURES = "muon_pictures"
 """xdist workeroutput key: a worker's worst reference checks and their evidence, for the report's pictures."""
-"""user_properties key under which a test's records travel to the controller, as JSON."""
 
 SESSION_PLUGIN = "muon-conformance-session"
 """Name under which the session object below is registered when --muon-target is given."""
