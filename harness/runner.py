@@ -16,7 +16,7 @@ from typing import Callable, Iterable, TextIO
 import torch
 
 from cases import Case
-from harness import backends, distributed_checks
+from harness import backends, diagnosis, distributed_checks
 from harness.backends import Backend
 from harness.checks import CHECKS, Outcome, applicable
 from harness.inputs import make_inputs
@@ -136,13 +136,15 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
     every = max(1, len(cases) // 20)
     start = time.perf_counter()
     for n, case in enumerate(cases, 1):
-        got = run_case(case, target, target_spec, backend, ranks)
+        got = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, ranks))
         records.extend(got)
         if progress is None:
             continue
         bad = [r for r in got if r.failing]
         for r in bad:
             print(f"  {r.status.upper():5} {r.check:9} {case.id}  ratio {r.ratio:.3g}", file=progress)
+        if bad and bad[0].diagnosis:
+            print(f"        diagnosis: {bad[0].diagnosis}", file=progress)
         if n % every == 0 or n == len(cases):
             failing = sum(r.failing for r in records)
             print(f"[{n:>5}/{len(cases)}] {time.perf_counter() - start:6.1f}s  "

@@ -55,6 +55,7 @@ class Record:
     message: str = ""
     repro: str = ""
     seconds: float = 0.0
+    diagnosis: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
