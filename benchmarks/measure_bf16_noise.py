@@ -5,7 +5,7 @@ For every noise key (algorithm, parameter@compute dtype, orthogonalizer) with bf
 runs ours over every CI layer x flatten x Nesterov x gradient kind
 (robust_checks.GRADIENTS; seed 0, megabatch 1: members are independent; 3 steps, weight decay 0.1, lr modes
 cycling), computes every statistic
-exactly as the checks do (the case's own steps, and the probe), and keeps per key the worst
+exactly as the checks do, and keeps per key the worst
 |value|, the 99th percentile and the number of cases. The larger nightly layers are not measured
 (their bf16 runs cost minutes each on CPU), so the robust checks judge only the measured layers.
 
@@ -57,7 +57,6 @@ def measure(case_id: str) -> tuple[str, dict[str, float]]:
     target = load_target("ours")
     inputs = make_inputs(case)
     values = robust_checks.statistics(case, target, inputs, target.run(inputs.params, inputs.grads, case))
-    values.update(robust_checks.probe_statistics(case, target))
     return robust_checks.noise_key(case, case.compute_dtype), values
 
 

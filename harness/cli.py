@@ -129,15 +129,16 @@ def _trend_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _selftest_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cases-per-defect", default=6, type=int, metavar="N",
-                   help="CI cases per defect, where it can show (default: 6)")
+    p.add_argument("--cases-per-defect", type=int, metavar="N",
+                   help="CI cases per defect, where it can show (default: harness.selftest.CASES_PER_DEFECT)")
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
     from harness import selftest  # imports the defect catalog only when asked for
-    if args.cases_per_defect < 1:
-        raise UsageError(f"--cases-per-defect must be >= 1, got {args.cases_per_defect}")
-    return selftest.main(args.cases_per_defect)
+    limit = selftest.CASES_PER_DEFECT if args.cases_per_defect is None else args.cases_per_defect
+    if limit < 1:
+        raise UsageError(f"--cases-per-defect must be >= 1, got {limit}")
+    return selftest.main(limit)
 
 
 def _cases(tier: str, patterns: list[str]) -> list[Case]:

@@ -10,12 +10,12 @@ Rules, first match wins (each names its evidence in the line it writes):
                       something is computed per shard (orthogonalization, padding, ownership)
   non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
   normaliser-eps      scale fails alone: the step changes when gradients are scaled by 2^10
-  weight-decay        the error lies along the parameter (projection), or grows with the probe's
-                      decay: decay missing, doubled, after the update or with the adjusted lr
+  weight-decay        the decay relation (probe) fails, or the error lies along the parameter
+                      (projection): decay missing, coupled, after the update or with the adjusted lr
   lr-scale            the step is the reference's times one constant (>= 1% off) per parameter
-  momentum            the first step is right and the error grows over the later ones
   per-row-state       rescaling each output row by its own factor explains the error (NorMuon's
                       row statistics)
+  momentum            the first step is right and the error grows over the later ones
   orthogonalizer      none of the above: the orthogonalized matrix itself differs (coefficients,
                       normaliser, iteration count), its singular values against f(sigma) say how
 
@@ -128,6 +128,8 @@ def _from_pattern(checks: dict[str, Record]) -> str | None:
 def _from_robust(checks: dict[str, Record]) -> str | None:
     """A diagnosis from the bf16-robust checks (their messages start with the worst statistic), or None."""
     spectrum, norm, probe = checks.get("spectrum"), checks.get("norm"), checks.get("probe")
+    if probe is not None and probe.failing:
+        return f"weight-decay: the decay relation fails ({probe.message})"
     if spectrum is not None and spectrum.failing:
         return (f"orthogonalizer: the singular values of the orthogonalized part differ from the oracle's "
                 f"f(sigma) ({spectrum.message})")
@@ -135,8 +137,6 @@ def _from_robust(checks: dict[str, Record]) -> str | None:
         if robust_checks.worst_statistic(norm.message) == "decay":
             return f"weight-decay: the error has a component along the parameter ({norm.message})"
         return f"lr-scale: the update's size differs systematically ({norm.message})"
-    if probe is not None and probe.failing:
-        return f"weight-decay: only the large-decay probe fails ({probe.message})"
     return None
 
 
@@ -151,11 +151,11 @@ def _from_structure(case: Case, s: Structure) -> str:
     if abs(s.factor - 1.0) > SCALE_OFF and s.factor_left < EXPLAINED:
         return (f"lr-scale: the step is {s.factor:.4g} x the reference's (a constant factor explains "
                 f"{1 - s.factor_left:.0%} of the error)")
-    if len(s.errors) > 1 and s.errors[0] < 0.25 * max(s.errors[1:]):
-        return f"momentum: step 1 is right, the error grows over the steps ({errors})"
     if s.row_left < EXPLAINED:
         return (f"per-row-state: one factor per output row explains {1 - s.row_left:.0%} of the error "
                 f"(row statistics or row normalisation)")
+    if len(s.errors) > 1 and s.errors[0] < 0.25 * max(s.errors[1:]):
+        return f"momentum: step 1 is right, the error grows over the steps ({errors})"
     return f"orthogonalizer: the orthogonalized update itself differs (errors per step {errors})"
 
 

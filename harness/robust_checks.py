@@ -6,7 +6,8 @@ matrix, a few percent to a tenth of the update, so `reference` cannot see a defe
 changes the update by a percent or less, however systematic. Each statistic below is a
 signed average over every step and member (rounding has no preferred sign and averages
 out; a defect has one sign everywhere), judged against the measured noise of a correct
-bf16 implementation (ours; harness/bf16_noise.json, `benchmarks/measure_bf16_noise.py`):
+bf16 implementation (ours; harness/bf16_noise.json, `benchmarks/measure_bf16_noise.py`),
+except `probe`, an exact relation:
 
   norm      mean of <err, dref> / ||dref||^2: the update's size along the correct update
             (an lr-scale formula, a coefficient, decay after the update)
@@ -15,10 +16,11 @@ bf16 implementation (ours; harness/bf16_noise.json, `benchmarks/measure_bf16_noi
   spectrum  Muon only: log singular values of the target's orthogonalized part against the
             oracle's f(sigma) (err = dX, O recovered from the step through the declared
             conventions): their mean and their spread (a coefficient off in its 4th digit)
-  probe     the case rerun with weight decay PROBE_WEIGHT_DECAY (lr wd = 0.05) for
-            PROBE_STEPS steps: `norm` and `decay` there, where the decay term is as large as
-            a tenth of the update (decay order, the decay's lr) and momentum has time to
-            accumulate (momentum forms and precision)
+  probe     a relation in which bf16 rounding cancels: the case run with weight decay
+            PROBE_WEIGHT_DECAY and without. Decay never enters the orthogonalized direction,
+            so each decayed step is the declared decay of its previous parameter plus the
+            undecayed run's step, to the storage rounding (decay order, its lr, a decay
+            missing or coupled into the gradient)
 
 err = dX - dref with dX the target's step and dref the FP64 reference step from the same
 previous parameter (harness.checks.reference_steps). They apply where bf16 is involved
@@ -40,18 +42,19 @@ import numpy as np
 
 from cases import Case
 from harness import tolerance
-from harness.inputs import Inputs, make_inputs
-from harness.metrics import Metrics
+from harness.inputs import Inputs, f64
+from harness.metrics import Metrics, compare_step
 from harness.targets.base import Target
 from oracles import Conventions, lr_scale, matrix_view, singular_values
 
 NOISE_FILE = Path(__file__).with_name("bf16_noise.json")
 NOISE_MARGIN = 3.0
 """Tolerance = this x the worst measured |statistic| of a correct bf16 implementation."""
-PROBE_WEIGHT_DECAY = 2.5
-"""lr x wd = 0.05: the decay term becomes a sizeable part of the update."""
-PROBE_STEPS = 8
-STATISTICS = ("norm", "decay", "sv_mean", "sv_spread", "probe_norm", "probe_decay")
+PROBE_WEIGHT_DECAY = 10.0
+"""lr x wd = 0.2: decay after the update changes a step by a fifth of its update."""
+PROBE_ULPS = 2.0
+"""The decayed step rounds twice (decay, update), each undecayed parameter once: 2 ulps bound them."""
+STATISTICS = ("norm", "decay", "sv_mean", "sv_spread")
 GRADIENTS = ("gaussian", "lowrank", "tiny", "huge")
 """Gradient kinds judged: not the rank-deficient ones (rankdef, zero), whose bf16 reference is ill-posed."""
 SV_FLOOR = 1e-3
@@ -108,17 +111,44 @@ def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
     return out
 
 
-def probe_case(case: Case) -> Case:
-    """The case rerun by the probe: large weight decay, PROBE_STEPS steps."""
-    return dataclasses.replace(case, weight_decay=PROBE_WEIGHT_DECAY, steps=PROBE_STEPS)
+def decay_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case, conv: Conventions,
+                   weight_decay: float) -> np.ndarray:
+    """x_new of the run with `weight_decay` from its own x_prev, given the same step's update of the run
+    without decay (which orthogonalizes the same directions: decay never enters them)."""
+    scale = lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)
+    lam = (case.lr if conv.weight_decay_lr == "base" else case.lr * scale) * weight_decay
+    if conv.weight_decay_order == "before":
+        return (1.0 - lam) * x_prev + undecayed_step
+    return (1.0 - lam) * (x_prev + undecayed_step)
 
 
-def probe_statistics(case: Case, target: Target) -> dict[str, float]:
-    """probe_norm, probe_decay: `statistics` of the probe case (run from scratch on the target)."""
-    probe = probe_case(case)
-    inputs = make_inputs(probe)
-    got = statistics(probe, target, inputs, target.run(inputs.params, inputs.grads, probe), spectrum=False)
-    return {"probe_norm": got["norm"], "probe_decay": got["decay"]}
+def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+    """The decay relation, where bf16 rounding cancels: the case run with weight decay
+    PROBE_WEIGHT_DECAY and without, on the same inputs. Both orthogonalize the same directions, so
+    each decayed step must be the declared decay of its own previous parameter plus the undecayed
+    run's step, up to the parameter dtype's storage rounding (PROBE_ULPS ulps)."""
+    decayed, plain = (dataclasses.replace(case, weight_decay=w) for w in (PROBE_WEIGHT_DECAY, 0.0))
+    why = target.unsupported(decayed) or target.unsupported(plain)
+    if why is not None:
+        return base.Outcome("probe", base.NO_METRICS, None, f"probe case unsupported by the target: {why}",
+                            skipped=True)
+    conv = target.conventions(case)
+    a = target.run(inputs.params, inputs.grads, decayed)
+    b = target.run(inputs.params, inputs.grads, plain)
+    pairs = []
+    for i, p0 in enumerate(inputs.params):
+        a_prev = b_prev = f64(p0)
+        for k in range(case.steps):
+            a_new, b_new = f64(a[k][i]), f64(b[k][i])
+            expected = decay_expected(a_prev, b_new - b_prev, case, conv, PROBE_WEIGHT_DECAY)
+            pairs.append((compare_step(a_prev, a_new, expected, case.param_dtype, 0.0, PROBE_ULPS),
+                          f"member {i} step {k + 1}"))
+            a_prev, b_prev = a_new, b_new
+    metrics, where = base.worst_of(pairs)
+    tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"decay relation at weight decay {PROBE_WEIGHT_DECAY:g}: exact up to "
+                                               f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
+    return base.Outcome("probe", metrics, tol, f"decay relation, wd {PROBE_WEIGHT_DECAY:g} vs 0: "
+                                               + base.describe(metrics, where, tol))
 
 
 @functools.cache
@@ -175,14 +205,6 @@ def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajec
     got = statistics(case, target, inputs, traj)
     return judge("spectrum", case, target.conventions(case).compute_dtype,
                  {k: got[k] for k in ("sv_mean", "sv_spread")})
-
-
-def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
-    probe = probe_case(case)
-    why = target.unsupported(probe)
-    if why is not None:
-        return base.Outcome("probe", base.NO_METRICS, None, f"probe case unsupported by the target: {why}", skipped=True)
-    return judge("probe", case, target.conventions(case).compute_dtype, probe_statistics(case, target))
 
 
 CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "probe": probe_check}

@@ -36,7 +36,6 @@ from harness.targets.base import Target
 from reports import Record
 
 CASES_PER_DEFECT = 6
-"""Default of `--cases-per-defect` (harness/cli.py says 6 in its help)."""
 CORRECT = ("ours", "torch")
 
 
