@@ -36,6 +36,9 @@ ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
 OPTIMIZERS = ("muon", "normuon")
+STEPS = (1, 3)
+"""Steps per case: one step, and three so that momentum (and NorMuon's variance) accumulate."""
+WEIGHT_DECAYS = (0.0, 0.1)
 
 DTYPE_PAIRS = (("fp64", "fp64"), ("fp64", "fp32"), ("fp32", "fp32"), ("fp32", "bf16"),
                ("bf16", "fp32"), ("bf16", "bf16"))

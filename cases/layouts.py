@@ -15,15 +15,6 @@ A distributed case id ends in two more tokens, `/<layout>/ws<W>`.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-from cases import axes
-
-if TYPE_CHECKING:
-    from cases.case import Case
-
 LAYOUTS = ("single", "replicated", "shard0", "shard1")
 DISTRIBUTED = LAYOUTS[1:]
 CI_WORLD_SIZES = (2, 3, 4)
@@ -78,25 +69,3 @@ def parse_tokens(tokens: list[str]) -> dict[str, object]:
     if not ws.startswith("ws"):
         raise ValueError(f"world size token {ws!r} must read ws<W>")
     return {"layout": layout, "world_size": int(ws.removeprefix("ws"))}
-
-
-_DTYPES = (("fp32", "fp32"), ("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "bf16"))
-
-
-def distributed_cases(layers: tuple[str, ...], world_sizes: tuple[int, ...], seeds: range) -> Iterator[Case]:
-    """Every layer x megabatch size x distributed layout x world size (x seed); the other axes
-    (dtypes, orthogonalizer, flatten, lr mode, Nesterov, weight decay, steps) cycle."""
-    from cases.case import Case  # cases.case imports this module for the layout axis
-
-    cycle = itertools.count()
-    for layer, mb, layout, ws, seed in itertools.product(layers, axes.MEGABATCH_SIZES, DISTRIBUTED,
-                                                         world_sizes, seeds):
-        i = next(cycle)
-        pd, cd = _DTYPES[i % len(_DTYPES)]
-        orth = axes.ORTHOGONALIZERS[i % 3]
-        if not axes.compute_ok(orth, cd):
-            orth = "polar_express"
-        yield Case(layer=layer, megabatch=mb, flatten=len(axes.all_layers()[layer][1]) > 2 and bool((i // 2) % 2),
-                   param_dtype=pd, compute_dtype=cd, orthogonalizer=orth, adjust_lr=axes.ADJUST_LR[i % 3],
-                   nesterov=bool(i % 2), weight_decay=(0.0, 0.1)[(i // 3) % 2], steps=2, grad="gaussian",
-                   seed=seed, layout=layout, world_size=ws)

@@ -1,125 +1,123 @@
-"""The CI and nightly tiers: deterministic lists of cases built from the axes.
+"""The CI and nightly tiers: deterministic lists of cases, generated as covering arrays.
 
-CI covers every layer x megabatch size x flatten x orthogonalizer at fp32, then
-sweeps dtypes, gradient kinds and hyper-parameters on a few layers; secondary axes
-cycle through their values so each value appears. Nightly is the full product of
-the CI grid with more seeds, the larger layers and every dtype pairing.
+A tier is the union of its generators' cases. Each generator here is a `Space` of case axes
+(cases/covering.py) with the constraints of valid cases, in which every triple of values of
+every three axes appears in some case. That holds in particular for the axes that interact:
+
+  single-process  layer kind x flatten x gradient kind x algorithm x compute dtype (a NorMuon
+                  flattened conv with Gaussian gradients is such a triple), layer x megabatch
+                  x flatten (members of a megabatch must not mix)
+  distributed     layer x layout x world size (even, uneven and empty shards), megabatch x
+                  layout x world size (how members spread over owners), algorithm x layout
+
+CI uses the small layers, world sizes 2-4 and one seed; nightly the larger layers too, world
+sizes up to 8 and more seeds, and contains the CI tier. Another generator (say, for a new
+algorithm) is one more entry of `GENERATORS`: a space's `cases_of`, or any function
+returning cases.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-from typing import Iterator
+from typing import Callable, Iterable
 
 from cases import axes, layouts
 from cases.case import Case
+from cases.covering import Constraint, Space, covering_array
 
 TIERS = ("ci", "nightly")
 
-def _flatten_values(layer: str) -> tuple[bool, ...]:
-    shape = axes.all_layers()[layer][1]
-    return (False, True) if len(shape) > 2 else (False,)
+DERIVED = ("kind",)
+"""Axes of a space that are no field of Case: the layer kind follows from the layer."""
+
+CONSTRAINTS = (
+    Constraint(("layer", "kind"), lambda layer, kind: axes.all_layers()[layer][0] == kind,
+               "a layer has one kind"),
+    Constraint(("layer", "flatten"), lambda layer, flatten: not flatten or len(axes.all_layers()[layer][1]) > 2,
+               "flatten only for 3-D+ layers"),
+    Constraint(("kind", "flatten"), lambda kind, flatten: not flatten or kind != "linear",
+               "flatten only for 3-D+ layers"),
+    Constraint(("param_dtype", "compute_dtype"), lambda p, c: (p, c) in axes.DTYPE_PAIRS,
+               "(parameter, compute) dtype pairs of axes.DTYPE_PAIRS"),
+    Constraint(("orthogonalizer", "compute_dtype"), axes.compute_ok, "svd never computes in bf16"),
+    Constraint(("optimizer", "layout"), lambda opt, layout: opt != "normuon" or layout != "shard1",
+               "NorMuon is replicated or row-sharded (its rows must stay whole)"),
+)
+
+def _common(layers: Iterable[str], seeds: Iterable[int]) -> dict[str, tuple]:
+    layers = tuple(layers)
+    return {
+        "layer": layers, "kind": tuple(dict.fromkeys(axes.all_layers()[n][0] for n in layers)),
+        "megabatch": axes.MEGABATCH_SIZES, "flatten": (False, True), "param_dtype": axes.DTYPES,
+        "compute_dtype": axes.DTYPES, "orthogonalizer": axes.ORTHOGONALIZERS, "adjust_lr": axes.ADJUST_LR,
+        "nesterov": (False, True), "weight_decay": axes.WEIGHT_DECAYS, "steps": axes.STEPS,
+        "grad": axes.GRADIENTS, "optimizer": axes.OPTIMIZERS, "seed": tuple(seeds),
+    }
 
 
-def _grid(layers: list[str], seeds: range) -> Iterator[Case]:
-    cycle = itertools.count()
-    for layer, mb, orth, seed in itertools.product(layers, axes.MEGABATCH_SIZES, axes.ORTHOGONALIZERS, seeds):
-        for flatten in _flatten_values(layer):
-            i = next(cycle)
-            yield Case(layer=layer, megabatch=mb, flatten=flatten, param_dtype="fp32", compute_dtype="fp32",
-                       orthogonalizer=orth, adjust_lr=axes.ADJUST_LR[i % 3], nesterov=bool(i % 2),
-                       weight_decay=(0.0, 0.1)[(i // 2) % 2], steps=(1, 3)[(i // 3) % 2],
-                       grad=("gaussian", "lowrank")[(i // 5) % 2], seed=seed)
+def strength3(values: dict[str, tuple]) -> Space:
+    """The space of `values` under CONSTRAINTS, every triple of its varying axes required."""
+    return Space(values, CONSTRAINTS, (tuple(a for a, v in values.items() if len(v) > 1),))
 
 
-def _dtypes(layers: list[str], megabatches: tuple[int, ...]) -> Iterator[Case]:
-    for (pd, cd), orth, layer, mb in itertools.product(axes.DTYPE_PAIRS, axes.ORTHOGONALIZERS, layers, megabatches):
-        if axes.compute_ok(orth, cd):
-            for flatten in _flatten_values(layer)[-1:]:
-                yield Case(layer=layer, megabatch=mb, flatten=flatten, param_dtype=pd, compute_dtype=cd,
-                           orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=True, weight_decay=0.1,
-                           steps=3, grad="gaussian")
+def single_space(layers: Iterable[str], seeds: Iterable[int]) -> Space:
+    """Single-process Muon and NorMuon cases over `layers`."""
+    return strength3({**_common(layers, seeds), "layout": ("single",), "world_size": (1,)})
 
 
-def _gradients(layers: list[str], dtypes: tuple[tuple[str, str], ...]) -> Iterator[Case]:
-    for grad, orth, layer, (pd, cd) in itertools.product(axes.GRADIENTS[1:], axes.ORTHOGONALIZERS, layers, dtypes):
-        if axes.compute_ok(orth, cd):
-            yield Case(layer=layer, megabatch=2, flatten=True, param_dtype=pd, compute_dtype=cd,
-                       orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=False, weight_decay=0.0,
-                       steps=2, grad=grad)
+def distributed_space(layers: Iterable[str], world_sizes: Iterable[int], seeds: Iterable[int]) -> Space:
+    """Distributed Muon and NorMuon cases over `layers` (replicated, Shard(0), Shard(1))."""
+    return strength3({**_common(layers, seeds), "layout": layouts.DISTRIBUTED, "world_size": tuple(world_sizes)})
 
 
-def _hyper(layer: str) -> Iterator[Case]:
-    for adjust, nesterov, wd, steps in itertools.product(axes.ADJUST_LR, (False, True), (0.0, 0.1), (1, 3)):
-        yield Case(layer=layer, megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
-                   orthogonalizer="polar_express", adjust_lr=adjust, nesterov=nesterov, weight_decay=wd,
-                   steps=steps, grad="gaussian")
+SPACES: dict[str, dict[str, Space]] = {
+    "ci": {
+        "single-process": single_space(axes.LAYERS, (0,)),
+        "distributed": distributed_space(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, (0,)),
+    },
+    "nightly": {
+        "single-process": single_space(axes.all_layers(), range(3)),
+        "distributed": distributed_space(axes.all_layers(), layouts.NIGHTLY_WORLD_SIZES, range(2)),
+    },
+}
+"""The covering-array spaces of each tier, by name (`python -m harness list --coverage` reports them)."""
 
 
-def _normuon(layers: list[str], dtypes: tuple[tuple[str, str], ...], seeds: range) -> Iterator[Case]:
-    """NorMuon: conv vs equivalent matrices (flatten both ways), every megabatch size, several
-    steps so the row variance accumulates, every lr mode, the given dtype pairs."""
-    cycle = itertools.count()
-    for layer, mb, (pd, cd), seed in itertools.product(layers, axes.MEGABATCH_SIZES, dtypes, seeds):
-        for flatten in _flatten_values(layer):
-            i = next(cycle)
-            yield Case(layer=layer, megabatch=mb, flatten=flatten, param_dtype=pd, compute_dtype=cd,
-                       orthogonalizer=("polar_express", "newton_schulz", "svd")[i % 3] if cd != "bf16"
-                       else ("polar_express", "newton_schulz")[i % 2],
-                       adjust_lr=axes.ADJUST_LR[i % 3], nesterov=bool(i % 2), weight_decay=(0.0, 0.1)[(i // 2) % 2],
-                       steps=3, grad=("gaussian", "lowrank", "gaussian", "zero")[i % 4], seed=seed, optimizer="normuon")
+def cases_of(space: Space) -> list[Case]:
+    """The cases of the covering array of `space`."""
+    return [Case(**{a: v for a, v in row.items() if a not in DERIVED}) for row in covering_array(space)]
 
 
-def _normuon_distributed(layers: tuple[str, ...], world_sizes: tuple[int, ...], seeds: range) -> Iterator[Case]:
-    """NorMuon replicated and row-sharded (Shard(0): even, uneven, empty rows); column shards are
-    refused by NorMuon, so they are no case."""
-    cycle = itertools.count()
-    for layer, layout, ws, seed in itertools.product(layers, ("replicated", "shard0"), world_sizes, seeds):
-        i = next(cycle)
-        yield Case(layer=layer, megabatch=(2, 3)[i % 2], flatten=len(axes.all_layers()[layer][1]) > 2,
-                   param_dtype="fp32", compute_dtype="fp32", orthogonalizer=("polar_express", "newton_schulz")[i % 2],
-                   adjust_lr=axes.ADJUST_LR[i % 3], nesterov=bool(i % 2), weight_decay=0.1, steps=3, grad="gaussian",
-                   seed=seed, optimizer="normuon", layout=layout, world_size=ws)
+GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
+    "ci": [functools.partial(cases_of, s) for s in SPACES["ci"].values()],
+    "nightly": [functools.partial(cases_of, s) for s in SPACES["nightly"].values()],
+}
+"""What each tier is the union of; nightly also contains the whole CI tier."""
 
 
-def _unique(cases: Iterator[Case]) -> list[Case]:
+def _unique(cases: Iterable[Case]) -> list[Case]:
     return list(dict.fromkeys(cases))
 
 
+@functools.cache
+def _tier(name: str) -> tuple[Case, ...]:
+    if name not in TIERS:
+        raise ValueError(f"unknown tier {name!r}; expected one of {TIERS}")
+    own = itertools.chain.from_iterable(g() for g in GENERATORS[name])
+    return tuple(_unique(itertools.chain(_tier("ci") if name == "nightly" else (), own)))
+
+
 def ci_cases() -> list[Case]:
-    """The CI tier: small shapes, every axis value present."""
-    layers = list(axes.LAYERS)
-    return _unique(itertools.chain(
-        _grid(layers, range(1)),
-        _dtypes(["linear", "linear_tall", "conv2d", "conv3d"], (1, 3)),
-        _gradients(["linear_tall", "conv2d"], (("fp32", "fp32"), ("bf16", "bf16"))),
-        _hyper("conv2d"),
-        layouts.distributed_cases(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, range(1)),
-        _normuon(["linear", "conv1d", "conv2d", "conv2d_k1", "conv3d"], (("fp32", "fp32"), ("bf16", "bf16")), range(1)),
-        _normuon_distributed(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, range(1)),
-    ))
+    """The CI tier: small shapes, every pair of axis values, every triple of interacting axes."""
+    return list(_tier("ci"))
 
 
 def nightly_cases() -> list[Case]:
-    """The nightly tier: CI plus more seeds, larger layers and every dtype pairing."""
-    every = list(axes.all_layers())
-    return _unique(itertools.chain(
-        ci_cases(),
-        _grid(every, range(3)),
-        _dtypes(every, axes.MEGABATCH_SIZES),
-        _gradients(every, axes.DTYPE_PAIRS),
-        _hyper("conv2d_big"),
-        _hyper("conv1d"),
-        layouts.distributed_cases(tuple(every), layouts.NIGHTLY_WORLD_SIZES, range(2)),
-        _normuon(every, axes.DTYPE_PAIRS, range(2)),
-        _normuon_distributed(tuple(every), layouts.NIGHTLY_WORLD_SIZES, range(2)),
-    ))
+    """The nightly tier: the CI tier plus every triple of every axis, larger layers, more seeds."""
+    return list(_tier("nightly"))
 
 
 def tier(name: str) -> list[Case]:
     """Cases of tier `name` ("ci" or "nightly")."""
-    if name == "ci":
-        return ci_cases()
-    if name == "nightly":
-        return nightly_cases()
-    raise ValueError(f"unknown tier {name!r}; expected one of {TIERS}")
+    return list(_tier(name))

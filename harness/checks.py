@@ -80,7 +80,7 @@ def applicable(case: Case) -> list[str]:
         names.append("scale")
     if case.grad in DEGENERATE_GRADIENTS:
         names.append("finite")
-    return names
+    return names + robust_checks.robust_applicable(case, case.compute_dtype)
 
 
 Where = TypeVar("Where")
@@ -198,3 +198,8 @@ def _args(inputs: Inputs) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]
 CHECKS: dict[str, Callable[[Case, Target, Inputs, Trajectory], Outcome]] = {
     "reference": reference, "megabatch": megabatch, "equiv2d": equiv2d, "scale": scale, "finite": finite,
 }
+
+
+from harness import robust_checks  # noqa: E402  (bf16-robust checks, built on the helpers above)
+
+CHECKS.update(robust_checks.CHECKS)

@@ -1,11 +1,13 @@
-"""The command line: `python -m harness list | run | diff | trend`.
+"""The command line: `python -m harness list | run | diff | trend | pr-diff | selftest`.
 
   list   print the ids of a tier's cases (narrowed by --select), one per line, then their count
   run    judge a target over a tier of cases; write results.parquet (canonical), results.csv,
          run.json, report.html, summary.md (and diff.html, diff.md with --baseline)
   diff   compare two stored runs (a PR against its base, tonight against last night)
   trend  error/tolerance ratio per check over several stored runs
-  pr-diff  the CI tier of a base commit (run in a git worktree) against this checkout's
+  pr-diff  the CI tier of a base commit (run in a git worktree) diffed against this checkout's
+  selftest  the harness's detection power: a catalog of wrong optimizers, kill rate per defect,
+         false alarms on the correct targets (exit 1 on a surviving defect or a false alarm)
 
 Every subcommand is one `Command` in `COMMANDS`: its help, the function that declares its
 arguments and the function that runs it; a new subcommand is a new entry.
@@ -128,6 +130,19 @@ def _trend_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", type=Path, help="directories of stored runs")
     p.add_argument("--out", default="trend-out", type=Path,
                    help="directory for trend.html, never inside a run read (default: trend-out)")
+
+
+def _selftest_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cases-per-defect", type=int, metavar="N",
+                   help="CI cases per defect, where it can show (default: harness.selftest.CASES_PER_DEFECT)")
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from harness import selftest  # imports the defect catalog only when asked for
+    limit = selftest.CASES_PER_DEFECT if args.cases_per_defect is None else args.cases_per_defect
+    if limit < 1:
+        raise UsageError(f"--cases-per-defect must be >= 1, got {limit}")
+    return selftest.main(limit)
 
 
 def _cases(tier: str, patterns: list[str]) -> list[Case]:
@@ -365,6 +380,8 @@ COMMANDS: dict[str, Command] = {
     "diff": Command("compare two stored runs", _diff_arguments, cmd_diff),
     "trend": Command("ratio per check over several stored runs", _trend_arguments, cmd_trend),
     "pr-diff": Command(pr_diff.HELP, pr_diff.arguments, pr_diff.command),
+    "selftest": Command("run the built-in wrong optimizers: kill rate per defect, false alarms", _selftest_arguments,
+                        cmd_selftest),
 }
 
 

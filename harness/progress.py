@@ -64,6 +64,9 @@ class Progress:
             for r in records:
                 if r.failing:
                     print(f"  {r.status.upper():5} {r.check:9} {case_id}  ratio {r.ratio:.3g}", file=self.stream)
+            diagnosed = [r.diagnosis for r in records if r.failing and r.diagnosis]
+            if diagnosed:
+                print(f"        diagnosis: {diagnosed[0]}", file=self.stream)
             if self.cases == self.total or time.monotonic() - self._last >= self.interval:
                 self._line()
 

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, TextIO
 import torch
 
 from cases import Case
-from harness import backends, distributed_checks
+from harness import backends, diagnosis, distributed_checks
 from harness.backends import Backend
 from harness.checks import CHECKS, Outcome, applicable
 from harness.details import Pictures
@@ -173,7 +173,8 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
     try:
         with Progress(progress, len(cases), interval) as shown:
             for case in cases:
-                got = run_case(case, target, target_spec, backend, ranks, timeout, pictures)
+                got = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, ranks, timeout,
+                                                                pictures))
                 records.extend(got)
                 done += 1
                 shown.case_done(case.id, got)

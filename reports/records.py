@@ -30,12 +30,13 @@ STATUSES = ("fail", "error", "pass", "unsupported", "skipped")
 
 FAILING = frozenset({"fail", "error"})
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the stored-run schema (`Record` columns, run.json keys). History:
 
   1  the columns case_id .. seconds; run.json unversioned (runs stored before versioning)
   2  schema_version in run.json and in results.parquet's metadata; run.json also holds
      complete, selection, interrupted and the SHA-256 and size of results.parquet and results.csv
+  3  the column diagnosis: the likely kind of bug behind a failing case (harness/diagnosis.py)
 """
 
 
@@ -67,6 +68,7 @@ class Record:
     message: str = ""
     repro: str = ""
     seconds: float = 0.0
+    diagnosis: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -1,0 +1,194 @@
+"""A diagnosis per failing case: the likely kind of bug, read from which checks failed and from
+the structure of the error, so that the reader of a report need not infer it.
+
+Rules, first match wins (each names its evidence in the line it writes):
+
+  members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others
+  flattened-geometry  equiv2d fails: [out, *rest] does not step as [out, prod(rest)]
+  replicas            replicas fail: ranks applied different updates
+  shard-local         local_shard or layout fails while the single-process reference holds:
+                      something is computed per shard (orthogonalization, padding, ownership)
+  non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
+  normaliser-eps      scale fails alone: the step changes when gradients are scaled by 2^10
+  weight-decay        the decay relation (probe) fails, or the error lies along the parameter
+                      (projection): decay missing, coupled, after the update or with the adjusted lr
+  lr-scale            the step is the reference's times one constant (>= 1% off) per parameter
+  per-row-state       rescaling each output row by its own factor explains the error (NorMuon's
+                      row statistics)
+  momentum            the first step is right and the error grows over the later ones
+  orthogonalizer      none of the above: the orthogonalized matrix itself differs (coefficients,
+                      normaliser, iteration count), its singular values against f(sigma) say how
+
+The structural rules rerun the case once on the target (single-process cases only; ms) and
+look at the error of every step against the FP64 reference (harness.checks.reference_steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from cases import Case
+from harness import robust_checks
+from harness.checks import reference_steps
+from harness.inputs import make_inputs
+from harness.targets.base import Target
+from reports import Record
+
+LABELS = ("members-mixed", "flattened-geometry", "replicas", "shard-local", "non-finite", "normaliser-eps",
+          "weight-decay", "lr-scale", "momentum", "per-row-state", "orthogonalizer")
+
+SCALE_OFF = 0.01
+"""A constant factor farther than this from 1 counts as an lr-scale error."""
+EXPLAINED = 0.25
+"""A model of the error 'explains' it when it leaves less than this fraction of the error's norm."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    """Of the target's steps against the reference's, over every member and step.
+
+    errors[k]: relative error of step k (worst member); factor: least-squares c in dX ~ c dref;
+    factor_left: relative error left after that fit; along_param: |<err, x>| / (||err|| ||x||);
+    row_left: error left after fitting one factor per output row, relative to the error."""
+
+    errors: list[float]
+    factor: float
+    factor_left: float
+    along_param: float
+    row_left: float
+
+
+def structure(case: Case, target: Target) -> Structure:
+    """Rerun `case` on `target` and measure the error's structure."""
+    inputs = make_inputs(case)
+    traj = target.run(inputs.params, inputs.grads, case)
+    per_step: dict[int, float] = {}
+    num = den = 0.0
+    err_sq = left_sq = row_left_sq = 0.0
+    along = []
+    for where, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
+        k = int(where.rsplit(" ", 1)[1]) - 1
+        step, ref = x_new - x_prev, x_ref - x_prev
+        err = step - ref
+        ref_norm, err_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(err))
+        per_step[k] = max(per_step.get(k, 0.0), err_norm / ref_norm if ref_norm else (math.inf if err_norm else 0.0))
+        num += float(np.vdot(step, ref))
+        den += float(np.vdot(ref, ref))
+        err_sq += err_norm**2
+        x_norm = float(np.linalg.norm(x_prev))
+        if err_norm and x_norm:
+            along.append(abs(float(np.vdot(err, x_prev))) / (err_norm * x_norm))
+        rows_s, rows_r = step.reshape(case.shape[0], -1), ref.reshape(case.shape[0], -1)
+        rr = np.einsum("ij,ij->i", rows_r, rows_r)
+        c = np.where(rr > 0, np.einsum("ij,ij->i", rows_s, rows_r) / np.where(rr > 0, rr, 1.0), 0.0)
+        row_left_sq += float(np.sum((rows_s - c[:, None] * rows_r) ** 2))
+    factor = num / den if den else math.nan
+    for _, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
+        left_sq += float(np.sum(((x_new - x_prev) - factor * (x_ref - x_prev)) ** 2))
+    err_total = math.sqrt(err_sq)
+    return Structure(errors=[per_step[k] for k in sorted(per_step)], factor=factor,
+                     factor_left=math.sqrt(left_sq) / err_total if err_total else 0.0,
+                     along_param=float(np.mean(along)) if along else 0.0,
+                     row_left=math.sqrt(row_left_sq) / err_total if err_total else 0.0)
+
+
+def _by_check(records: list[Record]) -> dict[str, Record]:
+    return {r.check: r for r in records}
+
+
+def _failed(checks: dict[str, Record], name: str) -> bool:
+    return name in checks and checks[name].failing
+
+
+def _held(checks: dict[str, Record], name: str) -> bool:
+    return name in checks and checks[name].status == "pass"
+
+
+def _from_pattern(checks: dict[str, Record]) -> str | None:
+    """A diagnosis from which checks failed alone, or None."""
+    if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
+        return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
+    if _failed(checks, "equiv2d"):
+        return "flattened-geometry: equiv2d fails; [out, *rest] does not step as [out, prod(rest)]"
+    if _failed(checks, "replicas"):
+        return "replicas: ranks hold different parameters after the step"
+    if (_failed(checks, "local_shard") or _failed(checks, "layout")) and "reference" in checks:
+        return ("shard-local: the distributed step differs from the same-sharding reference or from the "
+                "single-process run; something is computed per shard")
+    if _failed(checks, "finite"):
+        return "non-finite: a degenerate gradient leaves NaN/inf in the parameters"
+    if _failed(checks, "scale") and _held(checks, "reference"):
+        return "normaliser-eps: only the gradients x 2^10 run fails; the normaliser's eps or range"
+    return None
+
+
+def _from_robust(checks: dict[str, Record]) -> str | None:
+    """A diagnosis from the bf16-robust checks (their messages start with the worst statistic), or None."""
+    spectrum, norm, probe = checks.get("spectrum"), checks.get("norm"), checks.get("probe")
+    if probe is not None and probe.failing:
+        return f"weight-decay: the decay relation fails ({probe.message})"
+    if spectrum is not None and spectrum.failing:
+        return (f"orthogonalizer: the singular values of the orthogonalized part differ from the oracle's "
+                f"f(sigma) ({spectrum.message})")
+    if norm is not None and norm.failing:
+        if robust_checks.worst_statistic(norm.message) == "decay":
+            return f"weight-decay: the error has a component along the parameter ({norm.message})"
+        return f"lr-scale: the update's size differs systematically ({norm.message})"
+    return None
+
+
+def _from_structure(case: Case, s: Structure) -> str:
+    errors = ", ".join(f"{e:.2g}" for e in s.errors)
+    if s.along_param > 0.5:
+        return f"weight-decay: the error lies along the parameter (|cos| {s.along_param:.2f}); errors per step {errors}"
+    decay = case.lr * case.weight_decay
+    if s.factor_left < EXPLAINED and decay > 0 and abs(s.factor - (1.0 - decay)) < 0.1 * decay:
+        return (f"weight-decay: the step is (1 - lr wd) = {s.factor:.6g} x the reference's: decay applied "
+                f"after the update")
+    if abs(s.factor - 1.0) > SCALE_OFF and s.factor_left < EXPLAINED:
+        return (f"lr-scale: the step is {s.factor:.4g} x the reference's (a constant factor explains "
+                f"{1 - s.factor_left:.0%} of the error)")
+    if s.row_left < EXPLAINED:
+        return (f"per-row-state: one factor per output row explains {1 - s.row_left:.0%} of the error "
+                f"(row statistics or row normalisation)")
+    if len(s.errors) > 1 and s.errors[0] < 0.25 * max(s.errors[1:]):
+        return f"momentum: step 1 is right, the error grows over the steps ({errors})"
+    return f"orthogonalizer: the orthogonalized update itself differs (errors per step {errors})"
+
+
+def diagnose(case: Case, target: Target, records: list[Record]) -> str:
+    """One line: the likely kind of bug behind the failing checks of `case` ("" if none failed)."""
+    if not any(r.failing for r in records):
+        return ""
+    checks = _by_check(records)
+    if all(r.status == "error" for r in records if r.failing):
+        return "error: the target raised (see the message)"
+    found = _from_pattern(checks)
+    if found:
+        return found
+    if case.layout != "single":
+        return "orthogonalizer: the distributed reference fails, no relation singles out a cause"
+    if not _failed(checks, "reference"):
+        found = _from_robust(checks)
+        if found:
+            return found
+    try:
+        return _from_structure(case, structure(case, target))
+    except Exception as exc:  # a diagnosis never hides the verdict it explains
+        return f"undiagnosed: rerunning the case raised {type(exc).__name__}: {exc}"
+
+
+def annotate(case: Case, target: Target, records: list[Record]) -> list[Record]:
+    """`records` with the case's diagnosis on every failing record."""
+    line = diagnose(case, target, records)
+    if not line:
+        return records
+    return [dataclasses.replace(r, diagnosis=line) if r.failing else r for r in records]
+
+
+def label(diagnosis: str) -> str:
+    """The rule label a diagnosis line starts with."""
+    return diagnosis.split(":", 1)[0]

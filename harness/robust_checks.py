@@ -1,0 +1,214 @@
+"""bf16-robust checks: statistics of the update that bf16 rounding barely moves and that
+plausible defects move systematically.
+
+With bf16 in a case, the normwise error of the update is rounding of the orthogonalized
+matrix, a few percent to a tenth of the update, so `reference` cannot see a defect that
+changes the update by a percent or less, however systematic. Each statistic below is a
+signed average over every step and member (rounding has no preferred sign and averages
+out; a defect has one sign everywhere), judged against the measured noise of a correct
+bf16 implementation (ours; harness/bf16_noise.json, `benchmarks/measure_bf16_noise.py`),
+except `probe`, an exact relation:
+
+  norm      mean of <err, dref> / ||dref||^2: the update's size along the correct update
+            (an lr-scale formula, a coefficient, decay after the update)
+  decay     mean of <err, x> / (||x|| ||dref||): the error's component along the parameter,
+            by projection (weight decay missing, doubled, with the wrong lr)
+  spectrum  Muon only: log singular values of the target's orthogonalized part against the
+            oracle's f(sigma) (err = dX, O recovered from the step through the declared
+            conventions): their mean and their spread (a coefficient off in its 4th digit)
+  probe     a relation in which bf16 rounding cancels: the case run with weight decay
+            PROBE_WEIGHT_DECAY and without. Decay never enters the orthogonalized direction,
+            so each decayed step is the declared decay of its previous parameter plus the
+            undecayed run's step, to the storage rounding (decay order, its lr, a decay
+            missing or coupled into the gradient)
+
+err = dX - dref with dX the target's step and dref the FP64 reference step from the same
+previous parameter (harness.checks.reference_steps). They apply where bf16 is involved
+(param or declared compute dtype) and gradients of full rank (not rankdef or zero: their bf16
+reference is ill-posed). Tolerance = NOISE_MARGIN x the worst
+|statistic| ours showed in the measurement (CI layers), per noise key (algorithm, dtypes, orthogonalizer,
+gradient kind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from cases import Case
+from harness import tolerance
+from harness.inputs import Inputs, f64
+from harness.metrics import Metrics, compare_step
+from harness.targets.base import Target
+from oracles import Conventions, lr_scale, matrix_view, singular_values
+
+NOISE_FILE = Path(__file__).with_name("bf16_noise.json")
+NOISE_MARGIN = 3.0
+"""Tolerance = this x the worst measured |statistic| of a correct bf16 implementation."""
+PROBE_WEIGHT_DECAY = 10.0
+"""lr x wd = 0.2: decay after the update changes a step by a fifth of its update."""
+PROBE_ULPS = 2.0
+"""The decayed step rounds twice (decay, update), each undecayed parameter once: 2 ulps bound them."""
+STATISTICS = ("norm", "decay", "sv_mean", "sv_spread")
+GRADIENTS = ("gaussian", "lowrank", "tiny", "huge")
+"""Gradient kinds judged: not the rank-deficient ones (rankdef, zero), whose bf16 reference is ill-posed."""
+SV_FLOOR = 1e-3
+"""Singular values of the reference's orthogonalized part below this (relative to its largest) are
+rank-deficiency noise and are left out of `spectrum`."""
+
+
+def applies(case: Case, compute_dtype: str) -> bool:
+    """Whether the robust checks judge `case` run in `compute_dtype`: bf16 involved, a judged gradient
+    kind, one process, and a layer whose noise was measured."""
+    return ("bf16" in (case.param_dtype, compute_dtype) and case.grad in GRADIENTS and case.layout == "single"
+            and case.layer in _noise_data()["layers"])
+
+
+def noise_key(case: Case, compute_dtype: str) -> str:
+    return f"{case.optimizer}/{case.param_dtype}@{compute_dtype}/{case.orthogonalizer}/{case.grad}"
+
+
+def _orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Conventions) -> np.ndarray:
+    """O with x_new = apply_update(x_prev, O) under the declared conventions (exact inverse in FP64)."""
+    scale = lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)
+    lr_wd = case.lr if conv.weight_decay_lr == "base" else case.lr * scale
+    decay = 1.0 - lr_wd * case.weight_decay
+    if conv.weight_decay_order == "before":
+        return (x_prev * decay - x_new) / (case.lr * scale)
+    return (x_prev - x_new / decay) / (case.lr * scale)
+
+
+def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory,
+               spectrum: bool = True) -> dict[str, float]:
+    """norm, decay (and, with `spectrum`, sv_mean, sv_spread for Muon) over every step and member of one run."""
+    conv = target.conventions(case)
+    norm, decay, logs = [], [], []
+    for _, x_prev, x_new, x_ref in base.reference_steps(case, target, inputs.params, inputs.grads, traj):
+        step, ref = x_new - x_prev, x_ref - x_prev
+        ref_sq = float(np.vdot(ref, ref))
+        if ref_sq == 0.0 or not np.all(np.isfinite(step)):
+            norm.append(math.inf if ref_sq else 0.0)
+            continue
+        err = step - ref
+        norm.append(float(np.vdot(err, ref)) / ref_sq)
+        x_norm = float(np.linalg.norm(x_prev))
+        decay.append(float(np.vdot(err, x_prev)) / (x_norm * math.sqrt(ref_sq)) if x_norm else 0.0)
+        if spectrum and case.optimizer == "muon":
+            judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
+            wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
+            for a, b in zip(judged, wanted):
+                sa, sb = singular_values(a), singular_values(b)
+                keep = sb > SV_FLOOR * sb[0]
+                logs.extend(np.log(np.maximum(sa[keep], 1e-300) / sb[keep]).tolist())
+    out = {"norm": float(np.mean(norm)), "decay": float(np.mean(decay)) if decay else 0.0}
+    if logs:
+        out["sv_mean"], out["sv_spread"] = float(np.mean(logs)), float(np.std(logs))
+    return out
+
+
+def decay_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case, conv: Conventions,
+                   weight_decay: float) -> np.ndarray:
+    """x_new of the run with `weight_decay` from its own x_prev, given the same step's update of the run
+    without decay (which orthogonalizes the same directions: decay never enters them)."""
+    scale = lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)
+    lam = (case.lr if conv.weight_decay_lr == "base" else case.lr * scale) * weight_decay
+    if conv.weight_decay_order == "before":
+        return (1.0 - lam) * x_prev + undecayed_step
+    return (1.0 - lam) * (x_prev + undecayed_step)
+
+
+def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+    """The decay relation, where bf16 rounding cancels: the case run with weight decay
+    PROBE_WEIGHT_DECAY and without, on the same inputs. Both orthogonalize the same directions, so
+    each decayed step must be the declared decay of its own previous parameter plus the undecayed
+    run's step, up to the parameter dtype's storage rounding (PROBE_ULPS ulps)."""
+    decayed, plain = (dataclasses.replace(case, weight_decay=w) for w in (PROBE_WEIGHT_DECAY, 0.0))
+    why = target.unsupported(decayed) or target.unsupported(plain)
+    if why is not None:
+        return base.Outcome("probe", base.NO_METRICS, None, f"probe case unsupported by the target: {why}",
+                            skipped=True)
+    conv = target.conventions(case)
+    a = target.run(inputs.params, inputs.grads, decayed)
+    b = target.run(inputs.params, inputs.grads, plain)
+    pairs = []
+    for i, p0 in enumerate(inputs.params):
+        a_prev = b_prev = f64(p0)
+        for k in range(case.steps):
+            a_new, b_new = f64(a[k][i]), f64(b[k][i])
+            expected = decay_expected(a_prev, b_new - b_prev, case, conv, PROBE_WEIGHT_DECAY)
+            pairs.append((compare_step(a_prev, a_new, expected, case.param_dtype, 0.0, PROBE_ULPS),
+                          f"member {i} step {k + 1}"))
+            a_prev, b_prev = a_new, b_new
+    metrics, where = base.worst_of(pairs)
+    tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"decay relation at weight decay {PROBE_WEIGHT_DECAY:g}: exact up to "
+                                               f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
+    return base.Outcome("probe", metrics, tol, f"decay relation, wd {PROBE_WEIGHT_DECAY:g} vs 0: "
+                                               + base.describe(metrics, where, tol))
+
+
+@functools.cache
+def _noise_data() -> dict:
+    """The measurement (benchmarks/measure_bf16_noise.py): "layers" measured, and per noise key the
+    "worst" |value| of every statistic on ours."""
+    return json.loads(NOISE_FILE.read_text())
+
+
+def _noise() -> dict[str, dict[str, float]]:
+    return _noise_data()["worst"]
+
+
+def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float]) -> base.Outcome:
+    """Outcome of robust check `name` from its statistics: the worst |value| / tolerance."""
+    key = noise_key(case, compute_dtype)
+    measured = _noise().get(key)
+    if measured is None:
+        return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
+    ratios = {}
+    for stat, value in values.items():
+        tol = NOISE_MARGIN * measured[stat]
+        ratios[stat] = abs(value) / tol if tol > 0 else (0.0 if value == 0 else math.inf)
+    if any(math.isnan(v) for v in values.values()):
+        ratios = {s: math.inf for s in values}
+    worst = max(ratios, key=ratios.get)
+    tol_value = NOISE_MARGIN * measured[worst]
+    source = (f"bf16 noise {key}: {NOISE_MARGIN:g} x worst |{worst}| of ours in the measurement "
+              f"({measured[worst]:.3g}; {NOISE_FILE.name})")
+    message = f"worst {worst}: " + ", ".join(f"{s} {values[s]:+.3g} ({ratios[s]:.2g} x allowed)" for s in values)
+    metrics = Metrics(max_abs=math.nan, rel_err=abs(values[worst]), max_ulp=math.nan, allowed=tol_value,
+                      ratio=ratios[worst])
+    return base.Outcome(name, metrics, tolerance.Tolerance(tol_value, 0.0, source), message)
+
+
+def worst_statistic(message: str) -> str:
+    """The statistic a robust check's message names as its worst ("" for another message)."""
+    return message.split(":", 1)[0].removeprefix("worst ") if message.startswith("worst ") else ""
+
+
+def robust_applicable(case: Case, compute_dtype: str) -> list[str]:
+    """Names of the robust checks for `case`, in the order they run."""
+    if not applies(case, compute_dtype):
+        return []
+    return ["norm", "spectrum", "probe"] if case.optimizer == "muon" else ["norm", "probe"]
+
+
+def norm_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+    got = statistics(case, target, inputs, traj, spectrum=False)
+    return judge("norm", case, target.conventions(case).compute_dtype, {k: got[k] for k in ("norm", "decay")})
+
+
+def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+    got = statistics(case, target, inputs, traj)
+    return judge("spectrum", case, target.conventions(case).compute_dtype,
+                 {k: got[k] for k in ("sv_mean", "sv_spread")})
+
+
+CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "probe": probe_check}
+
+# Last: harness.checks registers CHECKS above, and these checks use its helpers at call time, so
+# either module may be imported first.
+from harness import checks as base  # noqa: E402
