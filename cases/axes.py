@@ -35,7 +35,12 @@ ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd"}
 ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
-OPTIMIZERS = ("muon", "normuon")
+OPTIMIZERS = ("muon", "normuon", "dion2", "nordion2")
+SELECTING = ("dion2", "nordion2")
+"""Optimizers that orthogonalize a selected fraction of slices: their cases carry `fraction`
+(and, when distributed, the selection `scope`)."""
+FRACTIONS = (0.25, 0.5, 1.0)
+SCOPES = ("local", "global")
 
 DTYPE_PAIRS = (("fp64", "fp64"), ("fp64", "fp32"), ("fp32", "fp32"), ("fp32", "bf16"),
                ("bf16", "fp32"), ("bf16", "bf16"))

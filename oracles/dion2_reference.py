@@ -22,6 +22,7 @@ slices (none from an empty group), so the selected set depends on the layout.
 NorDion2 (`dion/nordion2.py`): the selected rows of O are normalised as NorMuon does:
   v[S] <- beta2 v[S] + (1 - beta2) mean_row(O^2)       v kept for every row, updated where selected
   N = O / (sqrt(v[S]) + eps);  N <- N ||O||_F / ||N||_F   the norm of the parameter's selected update
+                                                          (of each rank's rows, under a Shard(0) layout)
 """
 
 from __future__ import annotations
@@ -132,10 +133,11 @@ def initial_row_variance(shape: tuple[int, ...], flatten: bool) -> np.ndarray:
     return np.zeros((b, rows))
 
 
-def normalise_selected_rows(update: np.ndarray, rows: list[np.ndarray], v: np.ndarray,
-                            hyper: NorDion2Hyper) -> tuple[np.ndarray, np.ndarray]:
+def normalise_selected_rows(update: np.ndarray, rows: list[np.ndarray], v: np.ndarray, hyper: NorDion2Hyper,
+                            row_blocks: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(normalised update, new v [B, m]): NorMuon's row normalisation of the selected rows of
-    each matrix, v updated only there, then the parameter's selected-update norm restored."""
+    each matrix, v updated only there, then the parameter's selected-update norm restored
+    (block by block of `row_blocks`, sizes along the parameter's dim 0, when given)."""
     mats = matrix_view(update, hyper.flatten)
     v = np.array(v, np.float64)
     normed = np.zeros_like(mats)
@@ -143,18 +145,22 @@ def normalise_selected_rows(update: np.ndarray, rows: list[np.ndarray], v: np.nd
         o = mats[b][idx]
         v[b, idx] = hyper.beta2 * v[b, idx] + (1.0 - hyper.beta2) * np.mean(o * o, axis=1)
         normed[b][idx] = o / (np.sqrt(v[b, idx])[:, None] + hyper.variance_eps)
-    norm_o, norm_n = np.linalg.norm(mats), np.linalg.norm(normed)
-    if norm_n > 0.0:
-        normed *= norm_o / norm_n
-    return normed.reshape(update.shape), v
+    normed = normed.reshape(update.shape)
+    bounds = np.cumsum([0, *(row_blocks or [update.shape[0]])])
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        norm_o, norm_n = np.linalg.norm(update[lo:hi]), np.linalg.norm(normed[lo:hi])
+        if norm_n > 0.0:
+            normed[lo:hi] *= norm_o / norm_n
+    return normed, v
 
 
 def reference_nordion2_step(x: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, hyper: NorDion2Hyper,
-                            conv: Conventions, blocks: list[int] | None = None
+                            conv: Conventions, blocks: list[int] | None = None, row_blocks: list[int] | None = None
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """One FP64 NorDion2 step: (new parameter, new momentum, new v [B, m], selection margin)."""
+    """One FP64 NorDion2 step: (new parameter, new momentum, new v [B, m], selection margin).
+    `row_blocks`: a Shard(0) layout's rows per rank, each restoring its own norm."""
     if not hyper.rows_only:
         raise ValueError("NorDion2 selects rows: NorDion2Hyper.rows_only must be True")
     sel = selected_direction(m, g, hyper, conv, blocks)
-    update, v = normalise_selected_rows(sel.update, sel.rows, v, hyper)
+    update, v = normalise_selected_rows(sel.update, sel.rows, v, hyper, row_blocks)
     return apply_update(np.asarray(x, np.float64), update, hyper, conv), sel.momentum, v, sel.margin
