@@ -82,6 +82,64 @@ def _normuon_distributed(layers: tuple[str, ...], world_sizes: tuple[int, ...], 
                    seed=seed, optimizer="normuon", layout=layout, world_size=ws)
 
 
+_DION2_LAYERS = ("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d")
+"""Wide and tall matrices (rows or columns selected), every conv kind, tall convs (columns)."""
+
+
+def _dion2(layers: tuple[str, ...], variants: int, dtypes: tuple[tuple[str, str], ...], seeds: range
+           ) -> Iterator[Case]:
+    """Dion2 and NorDion2 on one process: `variants` cases per optimizer x layer x flatten (both
+    ways), megabatch size, fraction, dtype pair, orthogonalizer, lr mode and decay cycling; three
+    steps, so the error feedback feeds later selections."""
+    cycle = itertools.count()
+    for optimizer, layer, seed in itertools.product(axes.SELECTING, layers, seeds):
+        for flatten, _ in itertools.product(_flatten_values(layer), range(variants)):
+            i = next(cycle)
+            pd, cd = dtypes[i % len(dtypes)]
+            orth = axes.ORTHOGONALIZERS[i % 3] if axes.compute_ok(axes.ORTHOGONALIZERS[i % 3], cd) else "polar_express"
+            yield Case(layer=layer, megabatch=axes.MEGABATCH_SIZES[i % 4], flatten=flatten, param_dtype=pd,
+                       compute_dtype=cd, orthogonalizer=orth, adjust_lr=axes.ADJUST_LR[i % 3], nesterov=False,
+                       weight_decay=(0.0, 0.1)[(i // 2) % 2], steps=3, grad="gaussian", seed=seed,
+                       optimizer=optimizer, fraction=axes.FRACTIONS[(i // 4) % 3])
+
+
+def _dion2_gradients(layer: str, grads: tuple[str, ...]) -> Iterator[Case]:
+    """Low-rank and degenerate gradients through the selection (zero: every norm ties)."""
+    for optimizer, grad in itertools.product(axes.SELECTING, grads):
+        yield Case(layer=layer, megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
+                   orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=False, weight_decay=0.0,
+                   steps=2, grad=grad, optimizer=optimizer, fraction=0.25)
+
+
+def _dion2_distributed(layers: tuple[str, ...], world_sizes: tuple[int, ...], seeds: range,
+                       every_size: bool) -> Iterator[Case]:
+    """Dion2 replicated, Shard(0) and Shard(1), NorDion2 replicated and Shard(0) (it needs whole
+    rows), both selection scopes; world sizes cycle (every_size: all of them), and so do the
+    fraction, megabatch size and orthogonalizer."""
+    cycle = itertools.count()
+    for optimizer, layer, scope, seed in itertools.product(axes.SELECTING, layers, axes.SCOPES, seeds):
+        layouts_ = ("replicated", "shard0") if optimizer == "nordion2" else layouts.DISTRIBUTED
+        for layout, ws in itertools.product(layouts_, world_sizes if every_size else (None,)):
+            i = next(cycle)
+            yield Case(layer=layer, megabatch=(1, 2, 3)[i % 3], flatten=len(axes.all_layers()[layer][1]) > 2,
+                       param_dtype="fp32", compute_dtype="fp32",
+                       orthogonalizer=("polar_express", "newton_schulz", "svd")[i % 3],
+                       adjust_lr=axes.ADJUST_LR[i % 3], nesterov=False, weight_decay=0.1, steps=3, grad="gaussian",
+                       seed=seed, optimizer=optimizer, layout=layout,
+                       world_size=ws or world_sizes[i % len(world_sizes)],
+                       fraction=(0.25, 0.5)[(i // 3) % 2], scope=scope)
+
+
+def _dion2_scope_dependence(world_sizes: tuple[int, ...]) -> Iterator[Case]:
+    """Dion2 on a row-sharded conv, both scopes, at every world size: the local scope's layout
+    dependence is measured per world size, the global scope's invariance judged."""
+    for scope, ws in itertools.product(axes.SCOPES, world_sizes):
+        yield Case(layer="conv2d", megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
+                   orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=False, weight_decay=0.1,
+                   steps=3, grad="gaussian", optimizer="dion2", layout="shard0", world_size=ws, fraction=0.25,
+                   scope=scope)
+
+
 def _unique(cases: Iterator[Case]) -> list[Case]:
     return list(dict.fromkeys(cases))
 

@@ -59,3 +59,17 @@ def test_gather_then_scatter_places_the_nonzero_slices_back():
     cols = mats.mT.contiguous()
     sub, idx = gather_selected(cols, rows=False)
     assert sub.shape == (3, 7, 2) and torch.equal(scatter_selected(sub, idx, cols, rows=False), cols)
+
+
+def test_top_k_mask_groups_per_matrix_row():
+    """Groups that differ between matrices (a sharded batch dim) select within each matrix's group."""
+    norms = torch.tensor([[1.0, 4.0, 3.0, 2.0], [5.0, 6.0, 7.0, 8.0]])
+    groups = torch.tensor([[0, 0, 1, 1], [2, 2, 2, 2]])
+    got = top_k_mask(norms, 0.5, groups)
+    assert got.tolist() == [[False, True, True, False], [False, False, True, True]]
+
+
+def test_select_count_in_groups_matches_python_arithmetic():
+    """ceil(0.1 * 10) is 1 in Python (float64); float32 arithmetic would make it 2."""
+    norms = torch.arange(10, dtype=torch.float32).unsqueeze(0)
+    assert int(top_k_mask(norms, 0.1, torch.zeros(10, dtype=torch.long)).sum()) == select_count(10, 0.1) == 1

@@ -55,16 +55,22 @@ def slice_norms(m: torch.Tensor, flatten: bool, rows: bool) -> torch.Tensor:
 
 def top_k_mask(norms: torch.Tensor, fraction: float, groups: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean mask [B, n] of the selected slices of each row of `norms` [B, n]: the select_count
-    largest, ties to the lower index. `groups` [n] (local scope): each group id selects its own."""
+    largest, ties to the lower index. `groups` (local scope; [B, n] or [n], integer ids): within
+    each row, every group selects its own select_count of its members."""
+    order = torch.sort(norms, dim=-1, descending=True, stable=True).indices
+    if groups is None:
+        mask = torch.zeros(norms.shape, dtype=torch.bool, device=norms.device)
+        return mask.scatter_(-1, order[:, :select_count(norms.shape[-1], fraction)], True)
+    groups = groups.expand(norms.shape)
+    sorted_groups = torch.gather(groups, -1, order)
     mask = torch.zeros(norms.shape, dtype=torch.bool, device=norms.device)
-    for gid in ([None] if groups is None else groups.unique().tolist()):
-        member = torch.ones(norms.shape[-1], dtype=torch.bool, device=norms.device) if gid is None else groups == gid
-        k = select_count(int(member.sum()), fraction)
-        if k == 0:
-            continue
-        keyed = torch.where(member, norms, torch.tensor(-math.inf, dtype=norms.dtype, device=norms.device))
-        order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices[:, :k]
-        mask.scatter_(-1, order, True)
+    for gid in groups.unique().tolist():
+        member = sorted_groups == gid                       # in descending-norm order
+        place = member.cumsum(dim=-1)                       # 1-based rank within the group
+        counts = member.sum(dim=-1, keepdim=True)
+        # select_count per row, in float64 as Python computes it: max(1, ceil(fraction n)), 0 of 0
+        limit = torch.where(counts > 0, torch.ceil(counts.double() * fraction).clamp(min=1), 0)
+        mask |= torch.zeros_like(mask).scatter_(-1, order, member & (place <= limit))
     return mask
 
 
