@@ -12,13 +12,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import optimizers
 from cases import Case
 from harness import pool as pool_module
 from harness.pool import RankPool, SpawnedPools
 from harness.runner import run_case
 from harness.targets import load_target
 from harness.targets.controls import Control
+from harness.targets.distributed_controls import with_exchange
+from optimizers import distributed
 
 
 def rank_sum(ctx, offset: int) -> int:
@@ -95,18 +96,15 @@ def test_concurrent_pools_do_not_share_a_rendezvous():
         b.close()
 
 
-class _HangingMuon(optimizers.Muon):
+def _hanging_exchange(pieces: torch.Tensor, layout: Any, update: Any) -> torch.Tensor:
     """Rank 1 never joins the all-to-all."""
-
-    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: Any, group: dict[str, Any],
-                                    device: torch.device) -> torch.Tensor:
-        if layout.rank == 1:
-            time.sleep(600)
-        return super()._distributed_orthogonalized(pieces, layout, group, device)
+    if layout.rank == 1:
+        time.sleep(600)
+    return distributed.exchange(pieces, layout, update)
 
 
 def hanging() -> Control:
-    return Control("hanging", _HangingMuon)
+    return with_exchange("hanging", _hanging_exchange)
 
 
 SHARD0 = "muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps2/gaussian/seed0/shard0/ws2"
@@ -121,5 +119,5 @@ def test_a_hung_case_is_an_error_record_with_every_rank_traceback_then_the_next_
     assert records and all(r.status == "error" for r in records)
     message = records[0].message
     assert "--- rank 0 ---" in message and "--- rank 1 ---" in message
-    assert "in _distributed_orthogonalized" in message and "test_distributed_pool.py" in message
+    assert "in _hanging_exchange" in message and "test_distributed_pool.py" in message
     assert all(r.status == "pass" for r in run_case(case, load_target("ours"), "ours"))
