@@ -2,7 +2,8 @@
 
 CI covers every layer x megabatch size x flatten x orthogonalizer at fp32, then
 sweeps dtypes, gradient kinds and hyper-parameters on a few layers; secondary axes
-cycle through their values so each value appears. Nightly is the full product of
+cycle through their values so each value appears. Dion2 and NorDion2 add 72 cases
+(46 single-process, 26 on gloo ranks). Nightly is the full product of
 the CI grid with more seeds, the larger layers and every dtype pairing.
 """
 
@@ -84,6 +85,7 @@ def _normuon_distributed(layers: tuple[str, ...], world_sizes: tuple[int, ...], 
 
 _DION2_LAYERS = ("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d")
 """Wide and tall matrices (rows or columns selected), every conv kind, tall convs (columns)."""
+_DION2_DTYPES = (("fp32", "fp32"), ("bf16", "bf16"), ("fp64", "fp64"), ("fp32", "bf16"), ("bf16", "fp32"))
 
 
 def _dion2(layers: tuple[str, ...], variants: int, dtypes: tuple[tuple[str, str], ...], seeds: range
@@ -155,6 +157,10 @@ def ci_cases() -> list[Case]:
         layouts.distributed_cases(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, range(1)),
         _normuon(["linear", "conv1d", "conv2d", "conv2d_k1", "conv3d"], (("fp32", "fp32"), ("bf16", "bf16")), range(1)),
         _normuon_distributed(layouts.CI_LAYERS, layouts.CI_WORLD_SIZES, range(1)),
+        _dion2(_DION2_LAYERS, 2, _DION2_DTYPES, range(1)),
+        _dion2_gradients("conv2d", ("lowrank", "zero", "huge")),
+        _dion2_distributed(("conv2d", "linear_tall"), layouts.CI_WORLD_SIZES, range(1), every_size=False),
+        _dion2_scope_dependence(layouts.CI_WORLD_SIZES),
     ))
 
 
@@ -171,6 +177,11 @@ def nightly_cases() -> list[Case]:
         layouts.distributed_cases(tuple(every), layouts.NIGHTLY_WORLD_SIZES, range(2)),
         _normuon(every, axes.DTYPE_PAIRS, range(2)),
         _normuon_distributed(tuple(every), layouts.NIGHTLY_WORLD_SIZES, range(2)),
+        _dion2(tuple(every), 6, axes.DTYPE_PAIRS, range(2)),
+        _dion2_gradients("conv2d_big", axes.GRADIENTS[1:]),
+        _dion2_distributed(("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d", "conv2d_big"),
+                           layouts.NIGHTLY_WORLD_SIZES, range(1), every_size=True),
+        _dion2_scope_dependence(layouts.NIGHTLY_WORLD_SIZES),
     ))
 
 

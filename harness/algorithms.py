@@ -39,13 +39,15 @@ class Algorithm:
     """name: `Case.optimizer`; oracle(case, conv): the FP64 reference of one member;
     ill_posed(case, margin): why a reference comparison with that selection margin is ill-posed;
     equivalent(case): a case of another algorithm whose steps this case's must equal (or None);
-    layout_invariant(case): whether a distributed step must equal the single-process step."""
+    layout_invariant(case): whether a distributed step must equal the single-process step;
+    options(case): the algorithm's own optimizer options a case sets (beyond Muon's)."""
 
     name: str
     oracle: Callable[[Case, Conventions], Oracle]
     ill_posed: Callable[[Case, float], str | None] = lambda case, margin: None
     equivalent: Callable[[Case], Case | None] = lambda case: None
     layout_invariant: Callable[[Case], bool] = lambda case: True
+    options: Callable[[Case], dict[str, Any]] = lambda case: {}
 
 
 def _row_blocks(case: Case) -> list[int] | None:
@@ -149,11 +151,18 @@ def _nordion2_invariant(case: Case) -> bool:
     return _dion2_invariant(case) and shard_dim(case.layout) != 0
 
 
+def _dion2_options(case: Case) -> dict[str, Any]:
+    """Single-process cases have no scope (the scopes coincide there): the optimizer's default."""
+    options = dict(fraction=case.fraction, ef_decay=case.ef_decay)
+    return {**options, "selection_scope": case.scope} if case.scope else options
+
+
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("muon", _muon),
     Algorithm("normuon", _normuon, layout_invariant=lambda case: shard_dim(case.layout) is None),
-    Algorithm("dion2", _dion2, _selection_ill_posed, _fraction_one("muon"), _dion2_invariant),
-    Algorithm("nordion2", _nordion2, _selection_ill_posed, _fraction_one("normuon"), _nordion2_invariant),
+    Algorithm("dion2", _dion2, _selection_ill_posed, _fraction_one("muon"), _dion2_invariant, _dion2_options),
+    Algorithm("nordion2", _nordion2, _selection_ill_posed, _fraction_one("normuon"), _nordion2_invariant,
+              _dion2_options),
 )}
 
 

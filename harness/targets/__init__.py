@@ -21,6 +21,10 @@ ALIASES: dict[str, str] = {
     "control-padding-leak": "harness.targets.distributed_controls:padding_leak",
     "control-wrong-params": "harness.targets.distributed_controls:wrong_params",
     "control-no-gather": "harness.targets.distributed_controls:no_gather",
+    "control-dion2-kernel-selection": "harness.targets.dion2_controls:kernel_selection",
+    "control-dion2-ef-unselected": "harness.targets.dion2_controls:ef_unselected",
+    "control-dion2-submatrix-lr": "harness.targets.dion2_controls:submatrix_lr",
+    "control-dion2-local-as-global": "harness.targets.dion2_controls:local_as_global",
 }
 DEFAULT = "ours"
 
