@@ -6,11 +6,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
 
 import optimizers
+from cases.strategies import cases
+from harness.runner import run_case
+from harness.targets import load_target
 from oracles import (Conventions, Dion2Hyper, NorDion2Hyper, Orthogonalizer, initial_row_variance,
                      reference_dion2_step, reference_nordion2_step)
 
+OURS = load_target("ours")
 SVD64 = Conventions(Orthogonalizer.named("svd", compute_dtype="fp64"), compute_dtype="fp64")
 
 
@@ -129,3 +134,27 @@ def test_a_failing_load_changes_nothing():
     assert all(torch.equal(opt.state[p][k], v) for k, v in before.items())
     assert opt.state[p]["momentum"].shape == (8, 4, 3, 3) and opt.state[p]["variance"].shape == (8, 1, 1, 1)
     opt.load_state_dict(saved)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(optimizers=("dion2", "nordion2")))
+def test_our_dion2_conforms_on_any_case(case):
+    """Any layer, dtype pair, orthogonalizer, fraction in (0, 1], gradient kind: every check passes
+    or is skipped with its reason (an ill-posed selection or gradient)."""
+    torch.set_num_threads(1)
+    bad = [r for r in run_case(case, OURS, "ours") if r.status not in ("pass", "skipped")]
+    assert not bad, [(r.check, r.ratio, r.message) for r in bad]
+
+
+@pytest.mark.xfail(strict=True, reason="optimizers/checkpoint.py validates a saved group against its SAVED "
+                   "algorithm, then keeps the live one: a Dion2 state loads into a Muon group and its momentum "
+                   "is silently dropped (reported to the integrator; the fix compares the algorithm names)")
+def test_a_dion2_state_does_not_load_into_muon():
+    p = torch.nn.Parameter(torch.randn(6, 8))
+    dion = optimizers.Dion2([p])
+    p.grad = torch.randn(6, 8)
+    dion.step()
+    muon = optimizers.Muon([p])
+    with pytest.raises(ValueError):
+        muon.load_state_dict(dion.state_dict())
+    assert muon.state_dict()["state"] == {}

@@ -7,7 +7,8 @@ otherwise the trailing matrices of a 3-D+ tensor):
   M <- M + G
   slices: the rows if m <= n, else the columns (NorDion2: always the rows)
   S = the k = max(1, ceil(fraction * #slices)) slices of largest L1 norm in M; equal norms are
-      taken in ascending index order (a stable descending sort)
+      taken in ascending index order (a stable descending sort; dion's torch.topk(sorted=False)
+      leaves the order of ties unspecified)
   U = M[S];  M[S] <- ef_decay * M[S]          error feedback, on the selected slices only
   O = orth(U)                                  the selected submatrix alone
   X <- X (1 - lr wd);  X[S] <- X[S] - lr scale O   scale from the FULL matrix view, as Muon's
