@@ -30,7 +30,10 @@ class Muon(torch.optim.Optimizer):
       adjust_lr: "spectral_norm" sqrt(fan_out/fan_in), "rms_norm" 0.2 sqrt(max(fan_out, fan_in)), or None.
       flatten: orthogonalize [out, *rest] as [out, prod(rest)] (fan_out=out, fan_in=prod(rest));
         otherwise a 3-D+ tensor is a batch of its trailing 2-D matrices (fans from the last two dims).
-      orthogonalizer: "polar_express", "newton_schulz" or "svd".
+      orthogonalizer: "polar_express", "newton_schulz", "gram_newton_schulz" or "svd".
+      ns_coefficients, gram_restarts: the schedule of "gram_newton_schulz" ("polar_express", the default, or
+        "newton_schulz") and the steps before which it restarts (default (2,), as published); its divergences
+        are recomputed by the standard iteration and counted in optimizers.gram_newton_schulz.STATS.
       ns_steps: polynomial steps (default 5).
       compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere).
       eps: added to the Frobenius norm in the normaliser.

@@ -123,7 +123,10 @@ def _header(info: RunInfo) -> str:
         ("torch", escape(info.torch_version)),
         ("commit", escape(info.commit or "unknown")),
     )
-    return f"<h1>Muon conformance report: {escape(info.target)}</h1>\n{context_list(items)}"
+    if info.interrupted:
+        items = (("status", f"<strong>INCOMPLETE</strong>: interrupted by {escape(info.interrupted)}"), *items)
+    incomplete = "INCOMPLETE " if info.interrupted else ""
+    return f"<h1>{incomplete}Muon conformance report: {escape(info.target)}</h1>\n{context_list(items)}"
 
 
 def _summary(records: list[Record]) -> str:

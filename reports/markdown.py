@@ -19,10 +19,13 @@ def render_markdown(
     records: list[Record], info: RunInfo, *, max_rows: int = 20, artifact: str = "report.html"
 ) -> str:
     """The summary: FAILED if any record is fail/error, NOTHING CHECKED if no record passed
-    either (all unsupported or skipped), else PASSED; no links."""
+    either (all unsupported or skipped), else PASSED, prefixed INCOMPLETE when the run was
+    interrupted; no links."""
     ordered = worst_first(records)
     failing = [r for r in ordered if r.failing]
     verdict = "FAILED" if failing else "PASSED" if any(r.status == "pass" for r in records) else "NOTHING CHECKED"
+    if info.interrupted:
+        verdict = f"INCOMPLETE ({cell_text(info.interrupted)}), {verdict} so far"
     parts = (
         f"# {verdict}: Muon conformance of {cell_text(info.target)} ({cell_text(info.tier)} tier)",
         _context(info),

@@ -15,7 +15,8 @@ from optimizers.algorithms.base import Algorithm, Group, State, StateKey, parame
 from optimizers.coefficients import DEFAULT_STEPS
 from optimizers.distributed import local
 from optimizers.matrix_view import ADJUST_LR, lr_scale
-from optimizers.orthogonalize import ORTHOGONALIZERS, orthogonalize
+from optimizers.gram_newton_schulz import RESTARTS
+from optimizers.orthogonalize import ORTHOGONALIZERS, SCHEDULES, orthogonalize
 from optimizers.validation import check_params, check_real
 
 COMPUTE_DTYPES = (None, torch.float64, torch.float32, torch.bfloat16, torch.float16)
@@ -39,6 +40,13 @@ def validate_muon(where: str, group: Group) -> None:
     steps = group["ns_steps"]
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValueError(f"{where}: ns_steps must be a positive integer or None, got {steps!r}")
+    coefficients, restarts = group["ns_coefficients"], group["gram_restarts"]
+    if coefficients is not None and (group["orthogonalizer"] != "gram_newton_schulz" or coefficients not in SCHEDULES):
+        raise ValueError(f"{where}: ns_coefficients={coefficients!r} chooses the schedule of "
+                         f"orthogonalizer='gram_newton_schulz' only, one of {SCHEDULES} (or None: {SCHEDULES[0]})")
+    if not isinstance(restarts, (tuple, list)) or any(
+            isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in restarts):
+        raise ValueError(f"{where}: gram_restarts must be a tuple of step indices >= 0, got {restarts!r}")
     if group["compute_dtype"] not in COMPUTE_DTYPES:
         raise ValueError(f"{where}: compute_dtype {group['compute_dtype']!r} is not one of {COMPUTE_DTYPES}")
     for flag in ("nesterov", "flatten"):
@@ -57,7 +65,8 @@ def orthogonalize_group(mats: torch.Tensor, group: Group) -> torch.Tensor:
     """orth of every matrix of `mats` [B, m, n] with the group's orthogonalizer, steps, eps and
     compute dtype, returned in `mats`' dtype."""
     compute = group["compute_dtype"] or default_compute_dtype(mats.device)
-    return orthogonalize(mats, group["orthogonalizer"], group["ns_steps"] or DEFAULT_STEPS, group["eps"], compute)
+    return orthogonalize(mats, group["orthogonalizer"], group["ns_steps"] or DEFAULT_STEPS, group["eps"], compute,
+                         group["ns_coefficients"], tuple(group["gram_restarts"]))
 
 
 def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
@@ -70,7 +79,8 @@ MOMENTUM = StateKey("momentum_buffer", parameter_shape)
 MUON = Algorithm(
     name="muon",
     defaults=dict(momentum=0.95, nesterov=False, adjust_lr="spectral_norm", flatten=False,
-                  orthogonalizer="polar_express", ns_steps=None, compute_dtype=None, eps=1e-7),
+                  orthogonalizer="polar_express", ns_steps=None, compute_dtype=None, eps=1e-7,
+                  ns_coefficients=None, gram_restarts=RESTARTS),
     validate=validate_muon,
     state=(MOMENTUM,),
     direction=momentum_direction,
