@@ -1,11 +1,10 @@
 """Dion2's tensor pieces (optimizers/algorithms/dion2.py) against the oracle's selection rule."""
 
-import numpy as np
 import pytest
 import torch
 
-from optimizers.algorithms.dion2 import (error_feedback, gather_selected, scatter_selected, select_count,
-                                         selects_rows, slice_norms, top_k_mask)
+from optimizers.algorithms.dion2 import (error_feedback, gather_selected, reduced_dims, scatter_selected,
+                                         select_count, selects_rows, slice_norms, top_k_mask)
 from oracles import select
 
 GEN = torch.Generator().manual_seed(7)
@@ -34,9 +33,9 @@ def test_select_count():
 def test_slices_of_a_flattened_conv_are_output_channels_or_columns():
     m = torch.randn(8, 4, 3, 3, generator=GEN)
     assert selects_rows((8, 4, 3, 3), True, False) and not selects_rows((40, 2, 2, 2), True, False)
-    assert torch.allclose(slice_norms(m, True, True).flatten(), m.reshape(8, -1).abs().sum(1))
-    assert torch.allclose(slice_norms(m, True, False).flatten(), m.reshape(8, -1).abs().sum(0))
-    assert slice_norms(m, False, True).shape == (8, 4, 3, 1)  # unflattened: kernel rows, per matrix
+    assert torch.allclose(slice_norms(m, reduced_dims(4, True, True)).flatten(), m.reshape(8, -1).abs().sum(1))
+    assert torch.allclose(slice_norms(m, reduced_dims(4, True, False)).flatten(), m.reshape(8, -1).abs().sum(0))
+    assert slice_norms(m, reduced_dims(4, False, True)).shape == (8, 4, 3, 1)  # unflattened: kernel rows
 
 
 def test_error_feedback_touches_only_the_selected_slices_with_the_scalar_product():

@@ -57,10 +57,10 @@ def reduced_dims(ndim: int, flatten: bool, rows: bool) -> tuple[int, ...]:
     return (ndim - 1,) if rows else (ndim - 2,)
 
 
-def slice_norms(m: torch.Tensor, flatten: bool, rows: bool) -> torch.Tensor:
-    """L1 norm of every slice of `m`, at parameter rank (reduced dims kept as 1), in at least fp32."""
-    work = torch.promote_types(m.dtype, torch.float32)
-    return m.abs().to(work).sum(dim=reduced_dims(m.ndim, flatten, rows), keepdim=True)
+def slice_norms(m: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """L1 norm of every slice of `m` (summed over `dims`, kept as size 1: parameter rank), in at
+    least fp32."""
+    return m.abs().to(torch.promote_types(m.dtype, torch.float32)).sum(dim=dims, keepdim=True)
 
 
 def top_k_mask(norms: torch.Tensor, fraction: float, groups: torch.Tensor | None = None) -> torch.Tensor:
@@ -167,16 +167,12 @@ def _shard(stored: torch.Tensor) -> tuple[int, int, int, int, Any] | None:
     return dim, sum(sizes[:rank]), sizes[rank], world, mesh.get_group()
 
 
-def selection_mask(m: torch.Tensor, stored: torch.Tensor, group: Group, rows_only: bool,
-                   view: Callable[[int, bool], tuple[int, ...]] | None = None) -> torch.Tensor:
+def selection_mask(m: torch.Tensor, stored: torch.Tensor, group: Group, rows_only: bool) -> torch.Tensor:
     """The selected slices of this rank's momentum piece `m` (of the parameter state `stored`,
-    a DTensor when sharded): a boolean mask at parameter rank that broadcasts over `m`.
-    `view(ndim, rows)` overrides which dims a slice norm sums over (a negative control's hook)."""
+    a DTensor when sharded): a boolean mask at parameter rank that broadcasts over `m`."""
     shape, flatten = tuple(stored.shape), group["flatten"]
-    rows = selects_rows(shape, flatten, rows_only)
-    summed = (view or (lambda ndim, r: reduced_dims(ndim, flatten, r)))(len(shape), rows)
-    work = torch.promote_types(m.dtype, torch.float32)
-    norms = m.abs().to(work).sum(dim=summed, keepdim=True)
+    summed = reduced_dims(len(shape), flatten, selects_rows(shape, flatten, rows_only))
+    norms = slice_norms(m, summed)
     full_shape = tuple(1 if d in summed else s for d, s in enumerate(shape))
     shard, labels = _shard(stored), None
     if shard is not None:
