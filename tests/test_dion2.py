@@ -9,6 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import optimizers
+from cases import Case
 from cases.strategies import cases
 from harness.runner import run_case
 from harness.targets import load_target
@@ -158,3 +159,12 @@ def test_a_dion2_state_does_not_load_into_muon():
     with pytest.raises(ValueError):
         muon.load_state_dict(dion.state_dict())
     assert muon.state_dict()["state"] == {}
+
+
+def test_tied_selection_is_skipped_never_passed():
+    """Zero gradients tie every slice norm: the reference comparison is skipped with its reason,
+    while finiteness is still judged."""
+    case = Case.from_id("dion2-f0.25/conv2d-8x4x3x3/mb2/flat/fp32@fp32/pe/spectral_norm/plain/wd0/steps2/zero/seed0")
+    records = {r.check: r for r in run_case(case, OURS, "ours")}
+    assert records["reference"].status == "skipped" and "ill-posed selection" in records["reference"].message
+    assert records["finite"].status == "pass"

@@ -184,3 +184,21 @@ def test_fraction_out_of_range_is_rejected():
     for fraction in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="fraction"):
             hyper(fraction)
+
+
+def test_nordion2_row_blocks_restore_each_blocks_norm():
+    """Under Shard(0) each rank restores the norm of its own (selected) rows."""
+    shape = (8, 12)
+    x, m, g = (RNG.standard_normal(shape) for _ in range(3))
+    h = NorDion2Hyper(lr=1.0, fraction=0.5, ef_decay=0.9, weight_decay=0.0, flatten=False)
+    conv = Conventions(Orthogonalizer.named("svd", compute_dtype="fp64"), lr_scale="none", compute_dtype="fp64")
+    v0 = np.full((1, 8), 0.01) * np.arange(1, 9)
+    whole = x - reference_nordion2_step(x, m, v0, g, h, conv)[0]
+    split = x - reference_nordion2_step(x, m, v0, g, h, conv, row_blocks=[3, 3, 2])[0]
+    sel = np.any(split != 0, axis=1)
+    o = np.zeros(shape)
+    o[sel] = polar_factor((m + g)[sel], 0.0)
+    for lo, hi in [(0, 3), (3, 6), (6, 8)]:
+        assert np.linalg.norm(split[lo:hi]) == pytest.approx(np.linalg.norm(o[lo:hi]), rel=1e-13)
+    assert np.linalg.norm(whole) == pytest.approx(np.linalg.norm(o), rel=1e-13)
+    assert np.abs(whole - split).max() > 1e-3   # the blocks' restores differ from the whole's
