@@ -221,7 +221,8 @@ def _selector(rows_only: bool) -> Callable[[torch.Tensor, Group], tuple[torch.Te
 
 def normalise_selected_rows(updates: torch.Tensor, states: list[State], group: Group) -> torch.Tensor:
     """Postprocess stage of NorDion2: NorMuon's row normalisation of each member's selected rows
-    (its nonzero update rows; this rank's, under Shard(0)), the variance updated only there:
+    (its nonzero update rows; this rank's, under Shard(0)), the variance updated only there, as
+    dion's nordion2.py does (it gathers v at the selected rows and scatters them back):
       v[S] <- beta2 v[S] + (1 - beta2) mean_row(O^2);  N = O / (sqrt(v[S]) + eps);  N <- N ||O|| / ||N||"""
     n = updates.shape[0]
     if updates.numel() == 0:
