@@ -137,7 +137,7 @@ def test_a_failing_load_changes_nothing():
     opt.load_state_dict(saved)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(optimizers=("dion2", "nordion2")))
 def test_our_dion2_conforms_on_any_case(case):
     """Any layer, dtype pair, orthogonalizer, fraction in (0, 1], gradient kind: every check passes

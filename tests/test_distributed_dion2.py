@@ -1,9 +1,14 @@
 """Dion2 / NorDion2 on gloo ranks: the global scope equals the unsharded step under every layout,
-the local scope its same-sharding reference (its layout dependence measured, not judged)."""
+the local scope its same-sharding reference (its layout dependence measured, not judged).
+Rank-side functions live here (spawned ranks import this module by name)."""
 
 import pytest
+import torch
+from torch.distributed.tensor import DTensor, Shard
 
+import optimizers
 from cases import Case
+from harness.pool import pools
 from harness.runner import run_case
 from harness.targets import load_target
 
@@ -27,3 +32,22 @@ def test_distributed_dion2_passes_every_check(name):
     if name == "local-rows":
         assert "layout" not in records and "layout dependence of the local selection scope" in \
             records["reference"].message
+
+
+def nordion2_column_shard(ctx) -> str:
+    """Rank side: NorDion2 over a Shard(1) parameter must be refused at construction."""
+    full = torch.zeros(8, 4, 3, 3)
+    piece = full.chunk(ctx.world_size, dim=1)[ctx.rank].clone()
+    p = torch.nn.Parameter(DTensor.from_local(piece, ctx.mesh, [Shard(1)], run_check=False, shape=full.shape,
+                                              stride=full.stride()))
+    try:
+        optimizers.NorDion2([p], flatten=True, mesh=ctx.mesh)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_nordion2_refuses_a_column_shard_at_construction():
+    result = pools().run("gloo", 2, nordion2_column_shard)
+    assert result.ok, result.describe()
+    assert all("NorDion2 parameter 0" in v and "sharded on dim 1" in v for v in result.values), result.values

@@ -242,6 +242,15 @@ def normalise_selected_rows(updates: torch.Tensor, states: list[State], group: G
     return (normed.reshape(n, -1) * factor).reshape(updates.shape).to(updates.dtype)
 
 
+def whole_rows(where: str, index: int, p: torch.Tensor) -> None:
+    """Layout rule of NorDion2 (NorMuon's): a parameter sharded on a dim other than 0 would have its
+    rows split, and the row second moment needs whole rows."""
+    (placement,) = p.placements
+    if isinstance(placement, Shard) and placement.dim != 0:
+        raise ValueError(f"{where}: NorDion2 parameter {index} of shape {tuple(p.shape)} is sharded on dim "
+                         f"{placement.dim}; NorDion2 needs whole output-channel rows: shard on dim 0 or replicate it")
+
+
 SCOPES = ("local", "global")
 DION2_DEFAULTS = dict(fraction=0.25, ef_decay=0.95, selection_scope="local")
 
@@ -265,5 +274,5 @@ NORDION2 = dataclasses.replace(
     direction=row_direction,
     select=_selector(rows_only=True),
     postprocess=normalise_selected_rows,
-    check_layout=NORMUON.check_layout,
+    check_layout=whole_rows,
 )
