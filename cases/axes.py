@@ -35,7 +35,12 @@ ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd"}
 ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
-OPTIMIZERS = ("muon", "normuon")
+OPTIMIZERS = ("muon", "normuon", "dion2", "nordion2")
+SELECTING = ("dion2", "nordion2")
+"""Optimizers that orthogonalize a selected fraction of slices: their cases carry `fraction`
+(and, when distributed, the selection `scope`)."""
+FRACTIONS = (0.25, 0.5, 1.0)
+SCOPES = ("local", "global")
 STEPS = (1, 3)
 """Steps per case: one step, and three so that momentum (and NorMuon's variance) accumulate."""
 WEIGHT_DECAYS = (0.0, 0.1)

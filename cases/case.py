@@ -12,6 +12,12 @@ case reproduces on its own: `python -m harness run --select <id>`.
 A distributed case appends its layout and world size (cases/layouts.py):
 
   muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0/shard0/ws3
+
+Dion2 and NorDion2 carry their selected fraction in the optimizer token, and a distributed
+case its selection scope too (plain: they have no Nesterov form):
+
+  dion2-f0.25/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/plain/wd0.1/steps3/gaussian/seed0
+  nordion2-f0.5-global/conv2d-8x4x3x3/mb2/flat/fp32@fp32/pe/none/plain/wd0/steps3/gaussian/seed0/shard0/ws3
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ class Case:
     optimizer: str = "muon"
     layout: str = "single"
     world_size: int = 1
+    fraction: float | None = None
+    scope: str | None = None
 
     def __post_init__(self) -> None:
         allowed = {"layer": tuple(axes.all_layers()), "param_dtype": axes.DTYPES,
@@ -61,6 +69,21 @@ class Case:
         why = layouts.invalid(self.layout, self.world_size)
         if why:
             raise ValueError(f"Case: {why}")
+        self._check_selection()
+
+    def _check_selection(self) -> None:
+        """fraction (and scope, when distributed) exactly for the selecting optimizers."""
+        if self.optimizer not in axes.SELECTING:
+            if self.fraction is not None or self.scope is not None:
+                raise ValueError(f"Case: {self.optimizer} takes no fraction or selection scope")
+            return
+        if self.fraction is None or not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"Case.fraction={self.fraction!r}: {self.optimizer} needs a fraction in (0, 1]")
+        if self.nesterov:
+            raise ValueError(f"Case: {self.optimizer} has no Nesterov form (nesterov must be False)")
+        if (self.scope is None) != (self.layout == "single") or self.scope not in (None, *axes.SCOPES):
+            raise ValueError(f"Case.scope={self.scope!r}: a distributed {self.optimizer} case needs one of "
+                             f"{axes.SCOPES}, a single-process one none (the scopes coincide there)")
 
     @property
     def lr(self) -> float:
@@ -73,6 +96,18 @@ class Case:
     @property
     def beta2(self) -> float:
         return axes.BETA2
+
+    @property
+    def ef_decay(self) -> float:
+        """Dion2's error-feedback decay: the momentum's value, so that fraction 1 is Muon with
+        momentum = ef_decay (one constant for both)."""
+        return axes.MOMENTUM
+
+    @property
+    def optimizer_token(self) -> str:
+        """The optimizer with its fraction and scope: muon, dion2-f0.25, dion2-f0.25-global."""
+        parts = [self.optimizer] + ([f"f{self.fraction:g}"] if self.fraction is not None else [])
+        return "-".join(parts + ([self.scope] if self.scope else []))
 
     @property
     def kind(self) -> str:
@@ -90,7 +125,7 @@ class Case:
     @property
     def id(self) -> str:
         return "/".join([
-            self.optimizer,
+            self.optimizer_token,
             f"{self.layer}-{self.shape_text}",
             f"mb{self.megabatch}",
             "flat" if self.flatten else "noflat",
@@ -121,13 +156,18 @@ class Case:
         layer, _, shape_text = layer_shape.rpartition("-")
         orth_names = {v: k for k, v in axes.ORTH_TOKENS.items()}
         param_dtype, _, compute_dtype = dtypes.partition("@")
+        opt, *selection = opt.split("-")
         try:
+            if len(selection) > 2 or (selection and not selection[0].startswith("f")):
+                raise ValueError(f"optimizer token {tokens[0]!r} must read NAME[-f<fraction>[-<scope>]]")
+            fraction = float(selection[0].removeprefix("f")) if selection else None
+            scope = selection[1] if len(selection) == 2 else None
             case = cls(layer=layer, megabatch=int(mb.removeprefix("mb")), flatten={"flat": True, "noflat": False}[flat],
                        param_dtype=param_dtype, compute_dtype=compute_dtype, orthogonalizer=orth_names[orth],
                        adjust_lr=adjust, nesterov={"nesterov": True, "plain": False}[nest],
                        weight_decay=float(wd.removeprefix("wd")), steps=int(steps.removeprefix("steps")),
-                       grad=grad, seed=int(seed.removeprefix("seed")), optimizer=opt,
-                       **layouts.parse_tokens(tokens[12:]))
+                       grad=grad, seed=int(seed.removeprefix("seed")), optimizer=opt, fraction=fraction,
+                       scope=scope, **layouts.parse_tokens(tokens[12:]))
         except (KeyError, ValueError) as exc:
             raise ValueError(f"not a case id: {case_id!r} ({exc})") from None
         if case.shape_text != shape_text or case.id != case_id:

@@ -11,16 +11,17 @@ every three axes appears in some case. That holds in particular for the axes tha
                   layout x world size (how members spread over owners), algorithm x layout
 
 CI uses the small layers, world sizes 2-4 and one seed; nightly the larger layers too, world
-sizes up to 8 and more seeds, and contains the CI tier. Another generator (say, for a new
-algorithm) is one more entry of `GENERATORS`: a space's `cases_of`, or any function
-returning cases.
+sizes up to 8 and more seeds, and contains the CI tier. Dion2 and NorDion2 (whose fraction and
+selection scope are axes of their own) come from hand-written generators below, not yet from a
+covering array. Another generator (say, for a new algorithm) is one more entry of
+`GENERATORS`: a space's `cases_of`, or any function returning cases.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from cases import axes, layouts
 from cases.case import Case
@@ -52,7 +53,8 @@ def _common(layers: Iterable[str], seeds: Iterable[int]) -> dict[str, tuple]:
         "megabatch": axes.MEGABATCH_SIZES, "flatten": (False, True), "param_dtype": axes.DTYPES,
         "compute_dtype": axes.DTYPES, "orthogonalizer": axes.ORTHOGONALIZERS, "adjust_lr": axes.ADJUST_LR,
         "nesterov": (False, True), "weight_decay": axes.WEIGHT_DECAYS, "steps": axes.STEPS,
-        "grad": axes.GRADIENTS, "optimizer": axes.OPTIMIZERS, "seed": tuple(seeds),
+        "grad": axes.GRADIENTS, "optimizer": tuple(o for o in axes.OPTIMIZERS if o not in axes.SELECTING),
+        "seed": tuple(seeds),
     }
 
 
@@ -89,9 +91,81 @@ def cases_of(space: Space) -> list[Case]:
     return [Case(**{a: v for a, v in row.items() if a not in DERIVED}) for row in covering_array(space)]
 
 
+def _flatten_values(layer: str) -> tuple[bool, ...]:
+    return (False, True) if len(axes.all_layers()[layer][1]) > 2 else (False,)
+
+
+_DION2_LAYERS = ("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d")
+"""Wide and tall matrices (rows or columns selected), every conv kind, tall convs (columns)."""
+_DION2_DTYPES = (("fp32", "fp32"), ("bf16", "bf16"), ("fp64", "fp64"), ("fp32", "bf16"), ("bf16", "fp32"))
+
+
+def _dion2(layers: tuple[str, ...], variants: int, dtypes: tuple[tuple[str, str], ...], seeds: range
+           ) -> Iterator[Case]:
+    """Dion2 and NorDion2 on one process: `variants` cases per optimizer x layer x flatten (both
+    ways), megabatch size, fraction, dtype pair, orthogonalizer, lr mode and decay cycling; three
+    steps, so the error feedback feeds later selections."""
+    cycle = itertools.count()
+    for optimizer, layer, seed in itertools.product(axes.SELECTING, layers, seeds):
+        for flatten, _ in itertools.product(_flatten_values(layer), range(variants)):
+            i = next(cycle)
+            pd, cd = dtypes[i % len(dtypes)]
+            orth = axes.ORTHOGONALIZERS[i % 3] if axes.compute_ok(axes.ORTHOGONALIZERS[i % 3], cd) else "polar_express"
+            yield Case(layer=layer, megabatch=axes.MEGABATCH_SIZES[i % 4], flatten=flatten, param_dtype=pd,
+                       compute_dtype=cd, orthogonalizer=orth, adjust_lr=axes.ADJUST_LR[i % 3], nesterov=False,
+                       weight_decay=(0.0, 0.1)[(i // 2) % 2], steps=3, grad="gaussian", seed=seed,
+                       optimizer=optimizer, fraction=axes.FRACTIONS[(i // 4) % 3])
+
+
+def _dion2_gradients(layer: str, grads: tuple[str, ...]) -> Iterator[Case]:
+    """Low-rank and degenerate gradients through the selection (zero: every norm ties)."""
+    for optimizer, grad in itertools.product(axes.SELECTING, grads):
+        yield Case(layer=layer, megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
+                   orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=False, weight_decay=0.0,
+                   steps=2, grad=grad, optimizer=optimizer, fraction=0.25)
+
+
+def _dion2_distributed(layers: tuple[str, ...], world_sizes: tuple[int, ...], seeds: range,
+                       every_size: bool) -> Iterator[Case]:
+    """Dion2 replicated, Shard(0) and Shard(1), NorDion2 replicated and Shard(0) (it needs whole
+    rows), both selection scopes; world sizes cycle (every_size: all of them), and so do the
+    fraction, megabatch size and orthogonalizer."""
+    cycle = itertools.count()
+    for optimizer, layer, scope, seed in itertools.product(axes.SELECTING, layers, axes.SCOPES, seeds):
+        layouts_ = ("replicated", "shard0") if optimizer == "nordion2" else layouts.DISTRIBUTED
+        for layout, ws in itertools.product(layouts_, world_sizes if every_size else (None,)):
+            i = next(cycle)
+            yield Case(layer=layer, megabatch=(1, 2, 3)[i % 3], flatten=len(axes.all_layers()[layer][1]) > 2,
+                       param_dtype="fp32", compute_dtype="fp32",
+                       orthogonalizer=("polar_express", "newton_schulz", "svd")[i % 3],
+                       adjust_lr=axes.ADJUST_LR[i % 3], nesterov=False, weight_decay=0.1, steps=3, grad="gaussian",
+                       seed=seed, optimizer=optimizer, layout=layout,
+                       world_size=ws or world_sizes[i % len(world_sizes)],
+                       fraction=(0.25, 0.5)[(i // 3) % 2], scope=scope)
+
+
+def _dion2_scope_dependence(world_sizes: tuple[int, ...]) -> Iterator[Case]:
+    """Dion2 on a row-sharded conv, both scopes, at every world size: the local scope's layout
+    dependence is measured per world size, the global scope's invariance judged."""
+    for scope, ws in itertools.product(axes.SCOPES, world_sizes):
+        yield Case(layer="conv2d", megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
+                   orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=False, weight_decay=0.1,
+                   steps=3, grad="gaussian", optimizer="dion2", layout="shard0", world_size=ws, fraction=0.25,
+                   scope=scope)
+
+
 GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
-    "ci": [functools.partial(cases_of, s) for s in SPACES["ci"].values()],
-    "nightly": [functools.partial(cases_of, s) for s in SPACES["nightly"].values()],
+    "ci": [*(functools.partial(cases_of, s) for s in SPACES["ci"].values()),
+           lambda: _dion2(_DION2_LAYERS, 2, _DION2_DTYPES, range(1)),
+           lambda: _dion2_gradients("conv2d", ("lowrank", "zero", "huge")),
+           lambda: _dion2_distributed(("conv2d", "linear_tall"), layouts.CI_WORLD_SIZES, range(1), every_size=False),
+           lambda: _dion2_scope_dependence(layouts.CI_WORLD_SIZES)],
+    "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
+                lambda: _dion2(tuple(axes.all_layers()), 6, axes.DTYPE_PAIRS, range(2)),
+                lambda: _dion2_gradients("conv2d_big", axes.GRADIENTS[1:]),
+                lambda: _dion2_distributed(("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d",
+                                            "conv2d_big"), layouts.NIGHTLY_WORLD_SIZES, range(1), every_size=True),
+                lambda: _dion2_scope_dependence(layouts.NIGHTLY_WORLD_SIZES)],
 }
 """What each tier is the union of; nightly also contains the whole CI tier."""
 

@@ -4,6 +4,7 @@
              re-seeded from the target's own previous parameter (momentum in FP64)
   megabatch  a member stepped inside the megabatch == the member stepped alone
   equiv2d    flatten=True: [out, *rest] steps as the 2-D [out, prod(rest)] parameter does
+  fraction1  Dion2 / NorDion2 with fraction 1 step as Muon / NorMuon with momentum ef_decay
   scale      gradients x 2^10 vs the reference of the scaled run (the normaliser removes scale)
   finite     degenerate gradients (zero, rank-deficient, tiny, huge) give finite parameters
 """
@@ -19,13 +20,11 @@ import torch
 
 from cases import Case
 from cases.axes import DEGENERATE_GRADIENTS
-from cases.layouts import piece_sizes, shard_dim
 from harness import tolerance
+from harness.algorithms import algorithm
 from harness.inputs import Inputs, f64
 from harness.metrics import Metrics, compare_step
 from harness.targets.base import Target
-from oracles import (Conventions, MuonHyper, NorMuonHyper, initial_variance, reference_muon_step,
-                     reference_normuon_step)
 
 SCALE_FACTOR = 2.0**10
 """Power of two: scaling the gradients is exact in every floating format."""
@@ -76,6 +75,8 @@ def applicable(case: Case) -> list[str]:
         names.append("megabatch")
     if case.flatten and len(case.shape) > 2:
         names.append("equiv2d")
+    if algorithm(case).equivalent(case) is not None:
+        names.append("fraction1")
     if case.grad == "gaussian":
         names.append("scale")
     if case.grad in DEGENERATE_GRADIENTS:
@@ -98,32 +99,19 @@ def describe(metrics: Metrics, where: str, tol: tolerance.Tolerance) -> str:
             f"max_ulp {metrics.max_ulp:.3g}")
 
 
-def _oracle(case: Case, conv: Conventions) -> tuple[Any, Callable[[np.ndarray, Any, np.ndarray], tuple[np.ndarray, Any]]]:
-    """(initial state, step(x, state, g) -> (x, state)) of the FP64 reference of `case.optimizer`."""
-    args = (case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
-    if case.optimizer == "normuon":
-        nor = NorMuonHyper(*args, beta2=case.beta2)
-        # Under Shard(0) each rank restores the norm of its own rows: the same-sharding reference.
-        blocks = piece_sizes(case.shape[0], case.world_size) if shard_dim(case.layout) == 0 else None
-
-        def normuon_step(x: np.ndarray, state: Any, g: np.ndarray) -> tuple[np.ndarray, Any]:
-            x, m, v = reference_normuon_step(x, *state, g, nor, conv, blocks)
-            return x, (m, v)
-
-        return (np.zeros(case.shape), initial_variance(case.shape, case.flatten, conv.normuon_rows)), normuon_step
-    hyper = MuonHyper(*args)
-    return np.zeros(case.shape), lambda x, m, g: reference_muon_step(x, m, g, hyper, conv)
-
-
 def reference_steps(case: Case, target: Target, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
-                     traj: Trajectory) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+                    traj: Trajectory, margins: list[float] | None = None
+                    ) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
     """(where, x_prev, x_new, x_ref) per member and step: x_ref is the FP64 reference step from the
-    target's own previous parameter x_prev (re-seeded every step), optimizer state kept in FP64."""
-    initial, step = _oracle(case, target.conventions(case))
+    target's own previous parameter x_prev (re-seeded every step), optimizer state kept in FP64.
+    `margins` (if given) collects each step's selection margin (harness.algorithms)."""
+    oracle = algorithm(case).oracle(case, target.conventions(case))
     for i, p0 in enumerate(params):
-        x_prev, state = f64(p0), initial
+        x_prev, state = f64(p0), oracle.initial
         for k in range(case.steps):
-            x_ref, state = step(x_prev, state, f64(grads[k][i]))
+            x_ref, state, margin = oracle.step(x_prev, state, f64(grads[k][i]))
+            if margins is not None:
+                margins.append(margin)
             x_new = f64(traj[k][i])
             yield f"member {i} step {k + 1}", x_prev, x_new, x_ref
             x_prev = x_new
@@ -134,7 +122,11 @@ def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
     if why:
         return Outcome("reference", NO_METRICS, None, why, skipped=True)
     tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
-    steps = reference_steps(case, target, inputs.params, inputs.grads, traj)
+    margins: list[float] = []
+    steps = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
+    why = algorithm(case).ill_posed(case, min(margins))
+    if why:
+        return Outcome("reference", NO_METRICS, None, why, skipped=True)
     metrics, (where, *worst) = worst_of([(compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol,
                                                        tol.storage_ulps), (at, x_prev, x_new, x_ref))
                                          for at, x_prev, x_new, x_ref in steps])
@@ -174,6 +166,18 @@ def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Out
     return relation("equiv2d", case, target, inputs, traj, other)
 
 
+def fraction1(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    """The target's run of `case` against its run of the equivalent case of another algorithm
+    (Dion2 with fraction 1 selects every slice: Muon with momentum ef_decay, no Nesterov)."""
+    other_case = algorithm(case).equivalent(case)
+    assert other_case is not None, "fraction1 applies only where an equivalent case exists"
+    why = target.unsupported(other_case)
+    if why:
+        return Outcome("fraction1", NO_METRICS, None, f"the equivalent case is unsupported: {why}", skipped=True)
+    out = relation("fraction1", case, target, inputs, traj, target.run(*_args(inputs), other_case))
+    return Outcome("fraction1", out.metrics, out.tolerance, f"vs {other_case.optimizer_token}: {out.message}")
+
+
 def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """Gradients x 2^10 against the FP64 reference of the scaled run. NS(cG) = NS(G) only up to
     the normaliser's eps, which the reference models exactly; so this judges the invariance (and
@@ -196,7 +200,8 @@ def _args(inputs: Inputs) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]
 
 
 CHECKS: dict[str, Callable[[Case, Target, Inputs, Trajectory], Outcome]] = {
-    "reference": reference, "megabatch": megabatch, "equiv2d": equiv2d, "scale": scale, "finite": finite,
+    "reference": reference, "megabatch": megabatch, "equiv2d": equiv2d, "fraction1": fraction1, "scale": scale,
+    "finite": finite,
 }
 
 

@@ -6,7 +6,9 @@ with the target's distributed optimizer and returns its own piece of every membe
 every step. The parent gathers the pieces (concatenated along d) and judges:
 
   reference    gathered parameters vs the FP64 reference step, re-seeded every step from the
-               gathered previous parameter (harness.checks.reference, unchanged)
+               gathered previous parameter (harness.checks.reference, unchanged); a Dion2 case of
+               the local selection scope also MEASURES (reports, never judges) how far its update
+               is from the global-scope one: the layout dependence of that scope
   local_shard  the same-sharding reference: each rank's own piece vs the same piece of that
                reference step, so an error confined to one shard cannot hide in the whole's norm
   layout       layout invariance: the gathered run vs the single-process run of the same case
@@ -16,6 +18,7 @@ every step. The parent gathers the pieces (concatenated along d) and judges:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +30,7 @@ import optimizers
 from cases import Case
 from cases.layouts import piece_sizes, shard_dim
 from harness import checks, tolerance
+from harness.algorithms import algorithm, selection_blocks
 from harness.checks import Outcome, Trajectory
 from harness.inputs import Inputs, f64, make_inputs
 from harness.metrics import compare_step
@@ -64,9 +68,10 @@ def unsupported(target: Target, case: Case) -> str | None:
 
 
 def applicable(case: Case) -> list[str]:
-    """Checks of a distributed case, in the order they run. NorMuon under sharding restores the norm
-    of each rank's rows, so it is layout dependent by design: no layout-invariance check there."""
-    invariant = not (case.optimizer == "normuon" and shard_dim(case.layout) is not None)
+    """Checks of a distributed case, in the order they run. An algorithm whose distributed step is
+    layout dependent by design (NorMuon's shard-local norm restore, Dion2's local selection scope)
+    gets no layout-invariance check (harness.algorithms)."""
+    invariant = algorithm(case).layout_invariant(case)
     return (["reference", "local_shard"] + (["layout"] if invariant else [])
             + (["replicas"] if case.layout == "replicated" else []))
 
@@ -120,7 +125,21 @@ def gather(case: Case, pieces: Pieces) -> Trajectory:
 
 
 def reference(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
-    return checks.reference(case, target, inputs, gather(case, pieces))
+    out = checks.reference(case, target, inputs, gather(case, pieces))
+    if selection_blocks(case) is None or out.skipped:
+        return out
+    return dataclasses.replace(out, message=f"{out.message}; {scope_dependence(case, target, inputs, pieces)}")
+
+
+def scope_dependence(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> str:
+    """How far a local-scope run's update is from the global-scope reference update, re-seeded
+    from the same parameters: max over members and steps of ||upd - upd_global|| / ||upd_global||."""
+    whole = dataclasses.replace(case, scope="global")
+    steps = checks.reference_steps(whole, target, inputs.params, inputs.grads, gather(case, pieces))
+    worst = max(float(np.linalg.norm((x_new - x_prev) - (x_ref - x_prev)) / np.linalg.norm(x_ref - x_prev))
+                for _, x_prev, x_new, x_ref in steps)
+    return (f"layout dependence of the local selection scope (measured, not judged): the update is "
+            f"{worst:.3g} (relative) from the global-scope update on {case.world_size} ranks")
 
 
 def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
@@ -131,7 +150,11 @@ def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> O
     tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
     dim = shard_dim(case.layout)
     offsets = _offsets(case) if dim is not None else [0] * (case.world_size + 1)
-    steps = list(checks.reference_steps(case, target, inputs.params, inputs.grads, gather(case, pieces)))
+    margins: list[float] = []
+    steps = list(checks.reference_steps(case, target, inputs.params, inputs.grads, gather(case, pieces), margins))
+    why = algorithm(case).ill_posed(case, min(margins))
+    if why:
+        return Outcome("local_shard", checks.NO_METRICS, None, why, skipped=True)
     pairs = []
     for r, rank in enumerate(pieces):
         index = [slice(None)] * len(case.shape)

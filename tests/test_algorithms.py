@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import optimizers
-from optimizers import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, Muon, NorMuon
+from optimizers import ADAMW, DION2, MUON, NORDION2, NORMUON, REGISTRY, Algorithm, Muon, NorMuon
 
 
 def params(*shapes, seed=0, dtype=torch.float64):
@@ -22,7 +22,7 @@ def params(*shapes, seed=0, dtype=torch.float64):
 
 
 def test_registry_maps_each_name_to_its_record():
-    assert REGISTRY == {"muon": MUON, "normuon": NORMUON, "adamw": ADAMW}
+    assert REGISTRY == {"muon": MUON, "normuon": NORMUON, "dion2": DION2, "nordion2": NORDION2, "adamw": ADAMW}
     assert all(isinstance(a, Algorithm) and REGISTRY[a.name] is a for a in REGISTRY.values())
     assert [k.name for k in NORMUON.state] == ["momentum_buffer", "variance"] and ADAMW.elementwise
 

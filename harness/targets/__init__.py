@@ -27,6 +27,10 @@ ALIASES: dict[str, str] = {
     "heavyball": "harness.targets.peers.heavyball:target",
     "dtensor-muon": "harness.targets.peers.dtensor_muon:target",
     "gram-newton-schulz": "harness.targets.peers.gram_newton_schulz:target",
+    "control-dion2-kernel-selection": "harness.targets.dion2_controls:kernel_selection",
+    "control-dion2-ef-unselected": "harness.targets.dion2_controls:ef_unselected",
+    "control-dion2-submatrix-lr": "harness.targets.dion2_controls:submatrix_lr",
+    "control-dion2-local-as-global": "harness.targets.dion2_controls:local_as_global",
 }
 DEFAULT = "ours"
 

@@ -6,6 +6,7 @@ import torch
 
 import optimizers
 from cases import Case
+from harness.algorithms import algorithm
 from harness.dtypes import TORCH_DTYPES
 from harness.targets.base import OptimizerTarget
 from oracles import Conventions, Orthogonalizer
@@ -32,7 +33,8 @@ class OursMuon(OptimizerTarget):
         return dict(algorithm=case.optimizer, beta2=case.beta2, lr=case.lr, momentum=case.momentum,
                     nesterov=case.nesterov, weight_decay=case.weight_decay, flatten=case.flatten,
                     adjust_lr=None if case.adjust_lr == "none" else case.adjust_lr,
-                    orthogonalizer=case.orthogonalizer, compute_dtype=TORCH_DTYPES[case.compute_dtype])
+                    orthogonalizer=case.orthogonalizer, compute_dtype=TORCH_DTYPES[case.compute_dtype],
+                    **algorithm(case).options(case))
 
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
         return optimizers.Muon(params, **self.options(case))

@@ -8,10 +8,11 @@ from typing import Any
 
 from optimizers.algorithms.adamw import ADAMW
 from optimizers.algorithms.base import Algorithm, StateKey
+from optimizers.algorithms.dion2 import DION2, NORDION2
 from optimizers.algorithms.muon import MUON
 from optimizers.algorithms.normuon import NORMUON
 
-REGISTRY: dict[str, Algorithm] = {a.name: a for a in (MUON, NORMUON, ADAMW)}
+REGISTRY: dict[str, Algorithm] = {a.name: a for a in (MUON, NORMUON, DION2, NORDION2, ADAMW)}
 
 
 def resolve(where: str, algorithm: Any) -> Algorithm:
@@ -24,4 +25,4 @@ def resolve(where: str, algorithm: Any) -> Algorithm:
                      f"{tuple(REGISTRY)}")
 
 
-__all__ = ["ADAMW", "Algorithm", "MUON", "NORMUON", "REGISTRY", "StateKey", "resolve"]
+__all__ = ["ADAMW", "Algorithm", "DION2", "MUON", "NORDION2", "NORMUON", "REGISTRY", "StateKey", "resolve"]
