@@ -1,83 +1,180 @@
-"""The command line: `python -m harness run | diff | trend`.
+"""The command line: `python -m harness list | run | diff | trend`.
 
-  run    judge a target over a tier of cases; write results.csv, results.parquet,
+  list   print the ids of a tier's cases (narrowed by --select), one per line, then their count
+  run    judge a target over a tier of cases; write results.parquet (canonical), results.csv,
          run.json, report.html, summary.md (and diff.html, diff.md with --baseline)
   diff   compare two stored runs (a PR against its base, tonight against last night)
   trend  error/tolerance ratio per check over several stored runs
 
+Every subcommand is one `Command` in `COMMANDS`: its help, the function that declares its
+arguments and the function that runs it; a new subcommand is a new entry.
+
 Exit status: 0 success; 1 a check failed or errored, nothing at all was checked, or
-(diff, --baseline) the head regressed; 2 bad usage (unknown option, target or backend,
-empty selection, a directory that holds no run), reported in one line.
+(diff, --baseline) the head regressed; 2 bad usage, reported in one line before any case
+runs (unknown option, target or backend, a target that fails to import, empty selection,
+an --out that cannot be written or lies inside a run being read, a directory that holds no
+run or a run whose files disagree, runs that are not comparable without --force);
+128+N a run stopped by signal N (130 SIGINT, 143 SIGTERM), after writing the cases it
+finished, marked incomplete.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
+import math
 import os
 import shlex
+import signal
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from cases import TIERS
+from cases import TIERS, Case
 from harness.backends import get as get_backend
-from harness.pool import TorchrunRanks, under_torchrun
-from harness.runner import BACKENDS, run
 from harness.details import Pictures
-from harness.selection import select
-from harness.targets import DEFAULT, TargetError, load_target
+from harness.pool import DEFAULT_TIMEOUT, TorchrunRanks, pools, under_torchrun
+from harness.runner import BACKENDS, Interrupted, Stop, run
+from harness.selection import nearest, select
+from harness.targets import DEFAULT, load_target
+from harness.targets.base import Target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_html,
-                     render_markdown, render_trend_html, save_run, status_counts, write_csv)
+                     render_markdown, render_trend_html, save_run, status_counts)
+from reports.diff import DEFAULT_GROWTH, incomparable
 from reports.pictures import case_pictures
 from reports.store import project_commit
+
+Run = tuple[list, dict[str, Any]]
+"""(records, context) of a stored run, as `load_run` returns it."""
 
 
 class UsageError(Exception):
     """Bad command-line input: reported in one line, exit status 2."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description="Muon-family conformance harness")
-    sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="judge a target over a tier of cases")
-    r.add_argument("--tier", default="ci", choices=TIERS, help="case tier (default: ci)")
-    r.add_argument("--backend", default="cpu", help=f"comma-separated backends, of {', '.join(BACKENDS)}")
-    r.add_argument("--target", default=DEFAULT, help="alias or MODULE:CALLABLE returning a Target (default: ours)")
-    r.add_argument("--select", action="append", default=[], metavar="SUBSTRING",
+class _Parser(argparse.ArgumentParser):
+    """argparse with every usage error on one line (no usage block), exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _number(minimum: float, inclusive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite float above (or at) `minimum`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
+        return value
+    return parse
+
+
+def _list_arguments(p: argparse.ArgumentParser) -> None:
+    _selection_arguments(p)
+    p.add_argument("--coverage", action="store_true",
+                   help="also print the coverage summary of the listed cases (cases/coverage.py)")
+
+
+def _selection_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", default="ci", choices=TIERS, help="case tier (default: ci)")
+    p.add_argument("--select", action="append", default=[], metavar="SUBSTRING",
                    help="keep cases whose id contains SUBSTRING (repeatable); a full case id runs that case")
-    r.add_argument("--out", default="out", type=Path, help="directory for results.csv, report.html, summary.md")
-    r.add_argument("--baseline", type=Path, metavar="DIR", help="a stored run to diff this run against")
-    r.add_argument("--quiet", action="store_true", help="no progress output")
-    d = sub.add_parser("diff", help="compare two stored runs")
-    d.add_argument("base", type=Path, help="directory of the base run")
-    d.add_argument("head", type=Path, help="directory of the head run")
-    d.add_argument("--out", default="out/diff", type=Path, help="directory for diff.html and diff.md")
-    d.add_argument("--growth", default=2.0, type=float, help="error growth factor that counts (default 2)")
-    t = sub.add_parser("trend", help="ratio per check over several stored runs")
-    t.add_argument("runs", nargs="+", type=Path, help="directories of stored runs")
-    t.add_argument("--out", default="out/trend", type=Path, help="directory for trend.html")
-    return parser
 
 
-def _load(run_dir: Path) -> tuple[list, dict]:
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    _selection_arguments(p)
+    p.add_argument("--backend", default="cpu", help=f"comma-separated backends, each once, of {', '.join(BACKENDS)}")
+    p.add_argument("--target", default=DEFAULT, help="alias or MODULE:CALLABLE returning a Target (default: ours)")
+    p.add_argument("--timeout", default=DEFAULT_TIMEOUT, type=_number(0.0, inclusive=False), metavar="SECONDS",
+                   help=f"seconds a distributed case may run before its ranks count as hung "
+                        f"(default {DEFAULT_TIMEOUT:g}; under torchrun, the process group's timeout)")
+    p.add_argument("--out", default="out", type=Path, help="directory for results.parquet/.csv, run.json, reports")
+    p.add_argument("--baseline", type=Path, metavar="DIR", help="a stored run to diff this run against")
+    p.add_argument("--growth", default=DEFAULT_GROWTH, type=_number(1.0, inclusive=True),
+                   help=f"with --baseline: error growth factor that counts (default {DEFAULT_GROWTH:g})")
+    p.add_argument("--force", action="store_true", help="with --baseline: compare even if not comparable")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _diff_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("base", type=Path, help="directory of the base run")
+    p.add_argument("head", type=Path, help="directory of the head run")
+    p.add_argument("--out", default="diff-out", type=Path,
+                   help="directory for diff.html and diff.md, never inside BASE or HEAD (default: diff-out)")
+    p.add_argument("--growth", default=DEFAULT_GROWTH, type=_number(1.0, inclusive=True),
+                   help=f"error growth factor that counts (default {DEFAULT_GROWTH:g})")
+    p.add_argument("--force", action="store_true",
+                   help="compare runs of different tiers, targets, backends, selections or completeness")
+
+
+def _trend_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", type=Path, help="directories of stored runs")
+    p.add_argument("--out", default="trend-out", type=Path,
+                   help="directory for trend.html, never inside a run read (default: trend-out)")
+
+
+def _cases(tier: str, patterns: list[str]) -> list[Case]:
+    """The selected cases; a usage error naming the nearest ids when none matches."""
+    cases = select(tier, patterns)
+    if not cases:
+        ids = [c.id for c in select(tier, [])]
+        near = [n for p in patterns for n in nearest(p, ids)]
+        hint = f"; nearest: {', '.join(near)}" if near else ""
+        raise UsageError(f"no case of tier {tier!r} matches --select {' '.join(patterns)}{hint}")
+    return cases
+
+
+def _load(run_dir: Path) -> Run:
     try:
         return load_run(run_dir)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _write_diff(base_dir: Path, head: tuple[list, dict], out: Path, growth: float) -> bool:
+def _output_dir(out: Path, reading: list[Path]) -> Path:
+    """`out`, created and proven writable; refused when it is a file, is or lies inside a run being
+    read, or cannot be created or written. Call it last among the checks: it creates `out`."""
+    resolved = out.resolve()
+    for run_dir in reading:
+        if resolved == run_dir.resolve() or run_dir.resolve() in resolved.parents:
+            raise UsageError(f"--out {out} is inside {run_dir}, a run this command reads; choose another directory")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    return out
+
+
+def _comparable(base: dict[str, Any], head: dict[str, Any], names: tuple[Path, Path], force: bool,
+                keys: tuple[str, ...] | None = None) -> None:
+    reasons = incomparable(base, head) if keys is None else incomparable(base, head, keys)
+    if reasons and not force:
+        raise UsageError(f"{names[0]} and {names[1]} are not comparable ({'; '.join(reasons)}); "
+                         f"--force compares them anyway")
+
+
+def _write_diff(base: Run, head: Run, base_dir: Path, out: Path, growth: float) -> bool:
     """Write out/diff.html and out/diff.md; True if the head regressed."""
-    base_records, base_ctx = _load(base_dir)
-    head_records, head_ctx = head
-    if growth < 1.0:
-        raise UsageError(f"--growth must be >= 1, got {growth}")
+    (base_records, base_ctx), (head_records, head_ctx) = base, head
     diff = diff_runs(base_records, head_records, growth=growth)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "diff.html").write_text(render_diff_html(diff, base_ctx, head_ctx))
     (out / "diff.md").write_text(render_diff_markdown(diff, base_ctx, head_ctx))
     verdict = "REGRESSED" if diff.regressed else "no regression"
@@ -87,14 +184,27 @@ def _write_diff(base_dir: Path, head: tuple[list, dict], out: Path, growth: floa
 
 
 def _backends(text: str) -> list[str]:
+    """The --backend list; a usage error for an unknown backend or one named twice."""
     names = [b.strip() for b in text.split(",") if b.strip()]
     unknown = [b for b in names if b not in BACKENDS]
     if not names or unknown:
         raise UsageError(f"unknown backend(s) {unknown or text!r}; available: {', '.join(BACKENDS)}")
+    twice = sorted({b for b in names if names.count(b) > 1})
+    if twice:
+        raise UsageError(f"--backend names {', '.join(twice)} more than once; name each backend once")
     return names
 
 
-def _torchrun_ranks(names: list[str]) -> TorchrunRanks | None:
+def _target(spec: str) -> Target:
+    """The target, or a usage error: a bad spec, or a module or factory that raises."""
+    try:
+        return load_target(spec)
+    except Exception as exc:  # a target module that fails to import is bad input, whatever it raises
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        raise UsageError(f"target {spec!r} could not be loaded: {type(exc).__name__}: {text}") from None
+
+
+def _torchrun_ranks(names: list[str], timeout: float) -> TorchrunRanks | None:
     """Under torchrun: this world's ranks, for the one distributed backend named; None otherwise, and
     None where that backend cannot run here (nccl without NCCL or a GPU per rank): rank 0 then records
     every case as skipped with the reason, and the other ranks stop."""
@@ -106,45 +216,104 @@ def _torchrun_ranks(names: list[str]) -> TorchrunRanks | None:
     gpus_needed = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # one GPU per rank of this node
     if distributed[0] == "nccl" and not (dist.is_nccl_available() and torch.cuda.device_count() >= gpus_needed):
         return None
-    return TorchrunRanks(distributed[0])
+    return TorchrunRanks(distributed[0], pg_timeout=timeout)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Stop`, so that the run writes what it finished and pools close;
+    a second one of the same signal acts at once (its default). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        raise Stop(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    cases = _cases(args.tier, args.select)
+    summary = _coverage(cases) if args.coverage else None
+    for case in cases:
+        print(case.id)
+    print(f"{len(cases)} cases")
+    if summary:
+        print(summary.rstrip("\n"))
+    return 0
+
+
+def _coverage(cases: list[Case]) -> str:
+    """`cases.coverage.summary(cases)`, the coverage of the listed cases, where that module exists."""
+    try:
+        module = importlib.import_module("cases.coverage")
+    except ModuleNotFoundError as exc:
+        if exc.name != "cases.coverage":
+            raise
+        raise UsageError("--coverage needs cases/coverage.py, which this checkout does not have") from None
+    return module.summary(cases)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     backends = _backends(args.backend)
-    try:
-        target = load_target(args.target)
-    except TargetError as exc:
-        raise UsageError(str(exc)) from None
-    cases = select(args.tier, args.select)
-    if not cases:
-        raise UsageError(f"no case of tier {args.tier!r} matches --select {args.select}")
-    ranks = _torchrun_ranks(backends)
+    target = _target(args.target)
+    cases = _cases(args.tier, args.select)
+    base = None
+    if args.baseline is not None:
+        base = _load(args.baseline)
+        head = {"tier": args.tier, "targets": [target.name], "backends": ",".join(backends)}
+        _comparable(base[1], head, (args.baseline, Path("this run")), args.force, ("tier", "targets", "backends"))
+    ranks = _torchrun_ranks(backends, args.timeout)
     if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
         return 0
     driver = ranks is None or ranks.is_driver
     if driver:
-        args.out.mkdir(parents=True, exist_ok=True)
+        _output_dir(args.out, [args.baseline] if args.baseline is not None else [])
+    try:
+        with _stop_on_signals():
+            return _run(args, target, backends, cases, base, ranks)
+    finally:
+        pools().close()
+
+
+def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: list[Case], base: Run | None,
+         ranks: TorchrunRanks | None) -> int:
+    """Run, then (on the driver) write the stored run and the reports; see `cmd_run`."""
+    driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if progress:
         print(f"judging {target.name} ({target.version()}) on {len(cases)} {args.tier} cases, "
               f"backends {','.join(backends)}", file=progress)
-    records, pictures = [], Pictures()
-    for backend in backends:
-        if progress:
-            print(f"backend {backend}:", file=progress)
-        records += run(cases, target, args.target, backend, progress, ranks, pictures)
+    records, stopped, pictures = [], None, Pictures()
+    try:
+        for backend in backends:
+            if progress:
+                print(f"backend {backend}:", file=progress)
+            records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
+                           pictures=pictures)
+    except Interrupted as exc:
+        records += exc.records
+        stopped = exc
+        print(f"{exc}; writing the checks of the cases it finished", file=sys.stderr)
     if ranks is not None:
         ranks.close()
         if not driver:
-            return 0
+            return 0 if stopped is None else 128 + stopped.signum
     spec = "" if args.target == target.name else f" (--target {args.target})"
     info = RunInfo(target=f"{target.name}: {target.version()}{spec}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
-                   torch_version=torch.__version__, commit=project_commit())
-    write_csv(records, args.out / "results.csv")
+                   torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
+                   interrupted=str(stopped).removeprefix("interrupted by ") if stopped else "")
     save_run(records, info, args.out)
     drawn = {d.key: case_pictures(d.where, d.error, d.sv_judged, d.sv_reference) for d in pictures.details()}
     (args.out / "report.html").write_text(render_html(records, info, drawn))
@@ -153,7 +322,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     checked = counts["pass"] + counts["fail"] + counts["error"]
     print(f"{len(records)} checks: " + ", ".join(f"{counts[s]} {s}" for s in counts)
           + f" ({time.perf_counter() - t0:.1f}s); reports in {args.out}/", file=sys.stderr)
-    regressed = args.baseline is not None and _write_diff(args.baseline, load_run(args.out), args.out, 2.0)
+    if stopped is not None:
+        print(f"INCOMPLETE: {info.interrupted}; run.json says complete: false", file=sys.stderr)
+        return 128 + stopped.signum
+    regressed = False
+    if base is not None:
+        ids = {c.id for c in cases}
+        selected = [r for r in base[0] if r.case_id in ids] if args.select else base[0]
+        regressed = _write_diff((selected, base[1]), load_run(args.out), args.baseline, args.out, args.growth)
     if checked == 0:
         print("nothing was checked: every case is unsupported or skipped", file=sys.stderr)
         return 1
@@ -161,25 +337,56 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    return 1 if _write_diff(args.base, _load(args.head), args.out, args.growth) else 0
+    base, head = _load(args.base), _load(args.head)
+    _comparable(base[1], head[1], (args.base, args.head), args.force)
+    out = _output_dir(args.out, [args.base, args.head])
+    return 1 if _write_diff(base, head, args.base, out, args.growth) else 0
 
 
 def cmd_trend(args: argparse.Namespace) -> int:
     runs = [_load(d) for d in args.runs]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trend.html").write_text(render_trend_html([(ctx, records) for records, ctx in runs]))
-    print(f"trend over {len(runs)} runs: {args.out}/trend.html", file=sys.stderr)
+    out = _output_dir(args.out, args.runs)
+    (out / "trend.html").write_text(render_trend_html([(ctx, records) for records, ctx in runs]))
+    print(f"trend over {len(runs)} runs: {out}/trend.html", file=sys.stderr)
     return 0
 
 
-COMMANDS = {"run": cmd_run, "diff": cmd_diff, "trend": cmd_trend}
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its one-line help, what declares its arguments, what runs it (-> exit status)."""
+
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {
+    "list": Command("print the ids of the selected cases and their count", _list_arguments, cmd_list),
+    "run": Command("judge a target over a tier of cases", _run_arguments, cmd_run),
+    "diff": Command("compare two stored runs", _diff_arguments, cmd_diff),
+    "trend": Command("ratio per check over several stored runs", _trend_arguments, cmd_trend),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m harness", description="Muon-family conformance harness")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        command.arguments(sub.add_parser(name, help=command.help, description=command.help))
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS[args.command].run(args)
     except UsageError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Stop as exc:
+        print(f"{parser.prog} {args.command}: interrupted by {exc}", file=sys.stderr)
+        return 128 + exc.signum
+    except BrokenPipeError:  # the reader of stdout went away (`list | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

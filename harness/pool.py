@@ -12,7 +12,16 @@ Spawned pools (`RankPool`, one per (backend, world size), via `pools()`):
   - a rank that raises, dies, or does not answer within the task's timeout fails the task:
     ranks still running get SIGUSR1, on which faulthandler writes every thread's stack to
     the rank's log, read back as its traceback; then the pool is shut down, and the next
-    task on that (backend, world size) starts a fresh one.
+    task on that (backend, world size) starts a fresh one. Every rank's failure says what
+    happened: it raised (its traceback), died (its exit code or signal, e.g. SIGSEGV, and the
+    end of its log), hung past the timeout, or was still waiting GRACE s after another rank
+    failed (its stacks);
+  - a rank's stdout and stderr go to its log, and faulthandler writes the Python stacks of a
+    fatal signal (SIGSEGV, SIGABRT, ...) there, so a crashed rank leaves its last output;
+  - ranks die with the harness: Linux's parent-death signal (prctl PR_SET_PDEATHSIG, SIGKILL)
+    and, elsewhere too, a watchdog thread that exits the rank once its parent pid changes;
+    a task interrupted in the parent (SIGINT, SIGTERM turned into an exception by the CLI)
+    closes its pool, which kills the ranks and removes the temporary directory.
 
 Under `torchrun` (`TorchrunRanks`) nothing is spawned: every process runs the same driver
 loop, a task of world size w runs on ranks 0..w-1 (a subgroup made once per w), and the
@@ -24,6 +33,7 @@ cannot be rebuilt from inside.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import datetime
 import faulthandler
 import multiprocessing
@@ -32,7 +42,9 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -45,11 +57,17 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 DEFAULT_TIMEOUT = 120.0
-"""Seconds a task may run on a pool before it counts as hung."""
+"""Seconds a task may run on a pool before it counts as hung (`run --timeout` overrides it)."""
 STARTUP_TIMEOUT = 180.0
 """Seconds a new pool's ranks may take to import torch and rendezvous (2 cores, 4 ranks: ~10)."""
 GRACE = 3.0
 """Seconds the other ranks get to finish once one rank has failed."""
+WATCHDOG_SECONDS = 0.5
+"""How often a rank's watchdog thread checks that its parent is still there."""
+LOG_TAIL_LINES = 60
+"""Lines of a failed rank's log quoted in its failure (a hung rank's stack dump comes whole)."""
+_PR_SET_PDEATHSIG = 1
+"""prctl option: the signal the kernel sends this process when its parent thread exits (<linux/prctl.h>)."""
 
 
 @dataclass
@@ -100,11 +118,42 @@ def _recv(conn: multiprocessing.connection.Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
+def _die_with_parent(parent: int) -> None:
+    """End this rank when `parent` (the harness) goes: SIGKILL from the kernel on Linux, and a
+    watchdog thread that exits once the rank is re-parented (any platform, and the case where
+    the parent died before prctl took effect)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCHDOG_SECONDS)
+        os._exit(1)
+
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _log_to(log_path: str) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to `log_path`, line-buffered,
+    with faulthandler writing there on a fatal signal and, on SIGUSR1, every thread's stack."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
 def _rank_main(rank: int, world_size: int, backend: str, store_path: str, log_path: str,
-               conn: multiprocessing.connection.Connection, timeout: float) -> None:
+               conn: multiprocessing.connection.Connection, timeout: float, parent: int) -> None:
     """A pooled rank: rendezvous, then run tasks until told to stop (None) or the pipe closes."""
-    log = open(log_path, "w", buffering=1)
-    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+    _die_with_parent(parent)
+    _log_to(log_path)
     torch.set_num_threads(1)
     try:
         device = _device(backend, rank)
@@ -139,19 +188,23 @@ class RankPool:
     def __init__(self, backend: str, world_size: int, pg_timeout: float = 300.0) -> None:
         self.backend, self.world_size = backend, world_size
         self._dir = Path(tempfile.mkdtemp(prefix=f"rankpool-{backend}{world_size}-"))
-        context = multiprocessing.get_context("spawn")
         self._conns: list[multiprocessing.connection.Connection] = []
         self._procs: list[Any] = []
-        for rank in range(world_size):
-            parent, child = context.Pipe()
-            proc = context.Process(target=_rank_main, daemon=True, name=f"rank{rank}-{backend}{world_size}",
-                                   args=(rank, world_size, backend, str(self._dir / "store"),
-                                         str(self._log(rank)), child, pg_timeout))
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        started = self._collect(STARTUP_TIMEOUT)
+        try:
+            context = multiprocessing.get_context("spawn")
+            for rank in range(world_size):
+                parent, child = context.Pipe()
+                proc = context.Process(target=_rank_main, daemon=True, name=f"rank{rank}-{backend}{world_size}",
+                                       args=(rank, world_size, backend, str(self._dir / "store"),
+                                             str(self._log(rank)), child, pg_timeout, os.getpid()))
+                self._conns.append(parent)
+                proc.start()
+                child.close()
+                self._procs.append(proc)
+            started = self._collect(STARTUP_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
         if not started.ok:
             self.close()
             raise PoolError(f"{backend} pool of {world_size} ranks did not start:\n{started.describe()}")
@@ -160,18 +213,33 @@ class RankPool:
         return self._dir / f"rank{rank}.log"
 
     def _log_text(self, rank: int) -> str:
+        """The last LOG_TAIL_LINES lines of the rank's log."""
         path = self._log(rank)
-        return path.read_text() if path.exists() else "(no log: the rank died before it started)"
+        if not path.exists():
+            return "(no log: the rank died before it started)"
+        lines = path.read_text(errors="replace").splitlines()
+        cut = f"(... {len(lines) - LOG_TAIL_LINES} earlier lines)\n" if len(lines) > LOG_TAIL_LINES else ""
+        return cut + ("\n".join(lines[-LOG_TAIL_LINES:]) or "(empty log)")
 
     @property
     def alive(self) -> bool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ranks, rank order."""
+        return [p.pid for p in self._procs]
+
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT) -> TaskResult:
-        """Run fn(ctx, *args) on every rank. On any failure the pool is closed (see module doc)."""
-        for conn in self._conns:
-            _send(conn, (fn, args))
-        result = self._collect(timeout)
+        """Run fn(ctx, *args) on every rank. On any failure, and when the wait is interrupted (an
+        exception such as KeyboardInterrupt, re-raised), the pool is closed (see module doc)."""
+        try:
+            for conn in self._conns:
+                _send(conn, (fn, args))
+            result = self._collect(timeout)
+        except BaseException:
+            self.close()
+            raise
         if not result.ok:
             self.close()
         return result
@@ -179,6 +247,7 @@ class RankPool:
     def _collect(self, timeout: float) -> TaskResult:
         values: list[Any] = [None] * self.world_size
         failures: dict[int, str] = {}
+        first_failure: tuple[int, float] | None = None  # (rank, when)
         pending = set(range(self.world_size))
         deadline = time.monotonic() + timeout
         while pending:
@@ -195,45 +264,70 @@ class RankPool:
                     kind, value = _recv(conn) if conn.poll() else ("silent", None)
                 except EOFError:
                     kind, value = "closed", None
-                if kind in ("ok", "error"):
+                if kind == "ok":
                     pending.discard(rank)
-                    if kind == "error":
-                        failures[rank] = value
-                    else:
-                        values[rank] = value
+                    values[rank] = value
                     continue
-                proc.join(timeout=1.0 if kind == "closed" else 0.0)
-                if not proc.is_alive():
+                if kind == "error":
                     pending.discard(rank)
-                    failures[rank] = (f"rank {rank} died (exit code {proc.exitcode}) without a reply; "
-                                      f"its log:\n{self._log_text(rank)}")
-            if failures:
-                deadline = min(deadline, time.monotonic() + GRACE)
+                    failures[rank] = f"rank {rank} raised:\n{value}"
+                else:
+                    proc.join(timeout=1.0 if kind == "closed" else 0.0)
+                    if proc.is_alive():
+                        continue
+                    pending.discard(rank)
+                    failures[rank] = self._death(rank, proc.exitcode)
+                if first_failure is None:
+                    first_failure = (rank, time.monotonic())
+                    deadline = min(deadline, first_failure[1] + GRACE)
         for rank in sorted(pending):
-            failures[rank] = self._stack(rank, timeout)
+            if first_failure is None:
+                why = f"hung: no answer within the timeout of {timeout:g}s"
+            else:
+                failed, when = first_failure
+                why = (f"still busy {time.monotonic() - when:.1f}s after rank {failed} failed (most likely "
+                       f"waiting for it); stopped waiting")
+            failures[rank] = f"rank {rank} {why}; its stacks:\n{self._stacks(rank)}"
         return TaskResult(values, failures)
 
-    def _stack(self, rank: int, timeout: float) -> str:
-        """The stacks of a rank that did not answer (faulthandler dump on SIGUSR1)."""
-        proc = self._procs[rank]
+    def _death(self, rank: int, exitcode: int | None) -> str:
+        """What a rank that exited without a reply left: its exit code or signal and its last output."""
+        how = f"(exit code {exitcode})"
+        if exitcode is not None and exitcode < 0:
+            try:
+                how = f"with signal {signal.Signals(-exitcode).name} (exit code {exitcode})"
+            except ValueError:
+                pass
+        return f"rank {rank} died {how} without a reply; its last output:\n{self._log_text(rank)}"
+
+    def _stacks(self, rank: int) -> str:
+        """The stacks of a rank that did not answer (faulthandler's dump on SIGUSR1), after the
+        tail of what it wrote before."""
+        proc, path = self._procs[rank], self._log(rank)
+        before = self._log_text(rank)
+        start = path.stat().st_size if path.exists() else 0
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGUSR1)
             time.sleep(0.5)
-        return (f"rank {rank} did not answer within {timeout:g}s (hung, or waiting for a failed rank); "
-                f"its stacks:\n{self._log_text(rank)}")
+        with open(path, errors="replace") as log:
+            log.seek(start)
+            dump = log.read()
+        return f"{before}\n{dump.rstrip()}" if dump else before
 
     def close(self) -> None:
-        """Stop every rank (politely, then by force) and remove the rendezvous directory."""
+        """Stop every rank (politely, then by force, 2 s in all) and remove the rendezvous directory."""
         for conn in self._conns:
             try:
                 _send(conn, None)
             except OSError:
                 pass
+        deadline = time.monotonic() + 2.0
         for proc in self._procs:
-            proc.join(timeout=2.0)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
             if proc.is_alive():
                 proc.kill()
-                proc.join()
+            proc.join()
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []

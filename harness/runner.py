@@ -8,6 +8,7 @@ from the pieces the ranks send back (harness/distributed_checks.py).
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -22,10 +23,28 @@ from harness.checks import CHECKS, Outcome, applicable
 from harness.details import Pictures
 from harness.inputs import make_inputs
 from harness.pool import TorchrunRanks, pools
+from harness.progress import PROGRESS_SECONDS, Progress
 from harness.targets.base import Target
 from reports import Record
 
 BACKENDS = tuple(backends.BACKENDS)
+
+
+class Stop(BaseException):
+    """Raised by a signal handler (the CLI's, for SIGINT and SIGTERM) to stop a run between or inside
+    cases; `signum` is the signal. A BaseException, so no `except Exception` of a target swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Interrupted(Exception):
+    """A run stopped by `Stop` (or Ctrl-C): `records` of the `done` cases it finished out of `total`."""
+
+    def __init__(self, records: list[Record], done: int, total: int, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name} after {done} of {total} cases")
+        self.records, self.done, self.total, self.signum = records, done, total, signum
 
 
 def repro_command(case: Case, target_spec: str, backend: str) -> str:
@@ -69,12 +88,14 @@ def _judge(case: Case, target: Target, backend: str, repro: str,
 
 
 def _run_distributed(case: Case, target: Target, target_spec: str, backend: Backend, repro: str,
-                     names: list[str], ranks: TorchrunRanks | None, pictures: Pictures | None) -> list[Record]:
+                     names: list[str], ranks: TorchrunRanks | None, timeout: float | None,
+                     pictures: Pictures | None = None) -> list[Record]:
     """Run `case` on its ranks (a spawned pool, or torchrun's), then judge the pieces they sent back.
     Under torchrun only rank 0 gets records."""
     start = time.perf_counter()
     args = (distributed_checks.rank_trajectory, case.id, target_spec)
-    result = pools().run(backend.name, case.world_size, *args) if ranks is None else ranks.run(case.world_size, *args)
+    result = (pools().run(backend.name, case.world_size, *args, timeout=timeout) if ranks is None
+              else ranks.run(case.world_size, *args))
     if result is None:
         return []
     if not result.ok:
@@ -88,11 +109,14 @@ def _run_distributed(case: Case, target: Target, target_spec: str, backend: Back
 
 
 def run_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
-             ranks: TorchrunRanks | None = None, pictures: Pictures | None = None) -> list[Record]:
+             ranks: TorchrunRanks | None = None, timeout: float | None = None,
+             pictures: Pictures | None = None) -> list[Record]:
     """Every applicable check of `case` on `target`: pass/fail, or unsupported, skipped (with the
     reason), or error. `backend` defaults to the case's own: cpu, or gloo for a distributed case.
-    Under torchrun (`ranks`) every rank calls this in the same order; only rank 0 gets records.
-    `pictures` keeps the evidence of the worst reference checks for the report."""
+    A distributed case whose ranks run past `timeout` seconds (default: the pool's DEFAULT_TIMEOUT)
+    is an error. Under torchrun (`ranks`) every rank calls this in the same order; only rank 0
+    gets records (there the process group's timeout applies). `pictures` keeps the evidence of
+    the worst reference checks for the report."""
     chosen = backends.get(backend) if backend is not None else backends.natural(case)
     repro = repro_command(case, target_spec, chosen.name)
     distributed = case.layout != "single"
@@ -113,7 +137,7 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
         return every("skipped", why)
     target = backends.judged_as(target, chosen)
     if distributed:
-        return _run_distributed(case, target, target_spec, chosen, repro, names, ranks, pictures)
+        return _run_distributed(case, target, target_spec, chosen, repro, names, ranks, timeout, pictures)
     if not driver:
         return []
     start = time.perf_counter()
@@ -129,28 +153,32 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
 
 
 def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = "cpu",
-        progress: TextIO | None = sys.stderr, ranks: TorchrunRanks | None = None,
+        progress: TextIO | None = sys.stderr, ranks: TorchrunRanks | None = None, *,
+        timeout: float | None = None, interval: float = PROGRESS_SECONDS,
         pictures: Pictures | None = None) -> list[Record]:
-    """Run the `cases` that `backend` accepts (single-process or distributed); prints one line per
-    failing case and a progress line every ~5%. Under torchrun only rank 0 prints and gets records."""
+    """Run the `cases` that `backend` accepts (single-process or distributed), each distributed one
+    within `timeout` seconds (see `run_case`); prints each failing check and a progress line at
+    least every `interval` seconds (harness/progress.py). Under torchrun only rank 0 prints and
+    gets records; `pictures` keeps the worst reference checks' evidence. `Stop` or KeyboardInterrupt
+    ends the run with `Interrupted`, which carries the records of the cases finished before it (the
+    case it interrupted is dropped)."""
     chosen = backends.get(backend)
     cases = [c for c in cases if chosen.accepts(c)]
     if ranks is not None and not ranks.is_driver:
         progress = None
     torch.set_num_threads(1)  # deterministic kernels; parallelism comes from processes
     records: list[Record] = []
-    every = max(1, len(cases) // 20)
-    start = time.perf_counter()
-    for n, case in enumerate(cases, 1):
-        got = run_case(case, target, target_spec, backend, ranks, pictures)
-        records.extend(got)
-        if progress is None:
-            continue
-        bad = [r for r in got if r.failing]
-        for r in bad:
-            print(f"  {r.status.upper():5} {r.check:9} {case.id}  ratio {r.ratio:.3g}", file=progress)
-        if n % every == 0 or n == len(cases):
-            failing = sum(r.failing for r in records)
-            print(f"[{n:>5}/{len(cases)}] {time.perf_counter() - start:6.1f}s  "
-                  f"{len(records)} checks, {failing} failing", file=progress, flush=True)
+    done = 0
+    try:
+        with Progress(progress, len(cases), interval) as shown:
+            for case in cases:
+                got = run_case(case, target, target_spec, backend, ranks, timeout, pictures)
+                records.extend(got)
+                done += 1
+                shown.case_done(case.id, got)
+    except Stop as exc:
+        raise Interrupted(records, done, len(cases), exc.signum) from None
+    except KeyboardInterrupt:
+        raise Interrupted(records, done, len(cases), signal.SIGINT) from None
     return records
+

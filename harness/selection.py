@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 from cases import Case, tier
 
 
@@ -25,3 +28,14 @@ def select(tier_name: str, patterns: list[str]) -> list[Case]:
             chosen.append(case)
             known.add(case.id)
     return chosen
+
+
+def nearest(pattern: str, ids: Iterable[str], n: int = 3) -> list[str]:
+    """Up to `n` pieces of `ids` closest to `pattern` (difflib), each as many '/'-separated parts
+    long as `pattern`, so that every suggestion is itself a --select that matches."""
+    parts = pattern.count("/") + 1
+    pieces = set()
+    for case_id in ids:
+        segments = case_id.split("/")
+        pieces.update("/".join(segments[i:i + parts]) for i in range(len(segments) - parts + 1))
+    return difflib.get_close_matches(pattern, sorted(pieces), n=n, cutoff=0.6)

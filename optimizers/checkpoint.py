@@ -2,9 +2,9 @@
 
 LAYOUT_VERSION names the state layout of Muon/NorMuon:
   1  (legacy, never written by this package) NorMuon variance shaped param[..., 0:1]
-  2  per parameter: "momentum_buffer" (parameter shape); NorMuon groups also "variance",
-     one value per output channel at parameter rank (normuon.variance_shape); AdamW groups
-     "step", "exp_avg", "exp_avg_sq".
+  2  per parameter, the state keys of its group's algorithm record (optimizers/algorithms/):
+     Muon "momentum_buffer" (parameter shape); NorMuon also "variance", one value per output
+     channel at parameter rank; AdamW "step", "exp_avg", "exp_avg_sq".
 A state of another version, with missing keys or wrong shapes, or whose version is not an
 integer, is rejected with ValueError before any live state is touched. A legacy state whose
 shapes happen to coincide (kernel 1x1) is still rejected by its version.
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from optimizers.normuon import variance_shape
+from optimizers.algorithms import resolve
 
 LAYOUT_VERSION = 2
 VERSION_KEY = "layout_version"
@@ -37,13 +37,8 @@ def as_version(value: Any) -> int:
 
 def expected_state(p: torch.Tensor, group: dict[str, Any]) -> dict[str, tuple[int, ...] | None]:
     """State keys of parameter `p` in `group`, with the tensor shape each must have (None: scalar)."""
-    shape = tuple(p.shape)
-    if group["algorithm"] == "adamw":
-        return {"step": None, "exp_avg": shape, "exp_avg_sq": shape}
-    keys: dict[str, tuple[int, ...] | None] = {"momentum_buffer": shape}
-    if group["algorithm"] == "normuon":
-        keys["variance"] = variance_shape(shape, group["flatten"])
-    return keys
+    algorithm = resolve("optimizer state", group["algorithm"])
+    return {key.name: None if key.shape is None else key.shape(tuple(p.shape), group) for key in algorithm.state}
 
 
 def validate(state_dict: dict[str, Any], live_groups: list[dict[str, Any]]) -> None:

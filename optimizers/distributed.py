@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -75,7 +75,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 def zeros_placed_like(p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """Zeros of global `shape` (same rank as `p`, dim 0 equal) placed as `p` is: a DTensor on `p`'s
-    mesh and placements when `p` is one, so a Shard(0) piece holds the rows of `p`'s piece."""
+    mesh and placements when `p` is one, so a Shard(0) piece holds the rows of `p`'s piece
+    (`torch.zeros_like(p)`, memory format included, when `shape` is `p`'s)."""
+    if shape == tuple(p.shape):
+        return torch.zeros_like(p)
     if not isinstance(p, DTensor):
         return torch.zeros(shape, dtype=p.dtype, device=p.device)
     return distributed_zeros(shape, device_mesh=p.device_mesh, placements=p.placements, dtype=p.dtype)
@@ -136,7 +139,7 @@ def layout_of(p: torch.Tensor, group: dist.ProcessGroup, start: int = 0) -> Layo
     return layout
 
 
-def _exchange(pieces: list[torch.Tensor], recv_numels: list[int], group: dist.ProcessGroup) -> list[torch.Tensor]:
+def _all_to_all(pieces: list[torch.Tensor], recv_numels: list[int], group: dist.ProcessGroup) -> list[torch.Tensor]:
     """all_to_all_single: pieces[r] goes to rank r; returns the flat pieces received from each rank."""
     send = torch.cat([p.reshape(-1) for p in pieces])
     recv = send.new_empty(sum(recv_numels))
@@ -151,7 +154,7 @@ def assemble(pieces: torch.Tensor, layout: Layout) -> torch.Tensor:
     if layout.dim is None:
         return pieces[layout.members(rank)]
     k = layout.owned(n, rank)
-    received = _exchange([pieces[layout.members(o)] for o in range(world)],
+    received = _all_to_all([pieces[layout.members(o)] for o in range(world)],
                          [k * math.prod(layout.piece_shape(s)) for s in range(world)], layout.group)
     parts = [flat.reshape(k, *layout.piece_shape(s)) for s, flat in enumerate(received)]
     return torch.cat(parts, dim=layout.dim + 1)
@@ -167,12 +170,21 @@ def scatter(whole: torch.Tensor, layout: Layout, n: int) -> torch.Tensor:
     else:
         offsets = [0, *itertools.accumulate(chunk_sizes(layout.shape[layout.dim], world))]
         outgoing = [whole.narrow(layout.dim + 1, offsets[o], offsets[o + 1] - offsets[o]) for o in range(world)]
-    received = _exchange(outgoing, [layout.owned(n, s) * math.prod(mine) for s in range(world)], layout.group)
+    received = _all_to_all(outgoing, [layout.owned(n, s) * math.prod(mine) for s in range(world)], layout.group)
     out = whole.new_empty((n, *mine))
     for s, flat in enumerate(received):
         out[layout.members(s)] = flat.reshape(layout.owned(n, s), *mine)
     return out
 
 
-__all__ = ["Layout", "assemble", "chunk_sizes", "layout_of", "local", "placements", "process_group", "scatter",
+def exchange(pieces: torch.Tensor, layout: Layout,
+             matrix_update: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The exchange stage of every matrix algorithm: this rank's pieces [N, *piece] of a megabatch ->
+    each whole member assembled on its owner, `matrix_update` run there on the owned members
+    [k, *shape], and this rank's pieces of every result back [N, *piece]."""
+    whole = assemble(pieces, layout)
+    return scatter(matrix_update(whole), layout, pieces.shape[0])
+
+
+__all__ = ["Layout", "assemble", "exchange", "chunk_sizes", "layout_of", "local", "placements", "process_group", "scatter",
            "shard_dim"]

@@ -1,16 +1,8 @@
-"""Muon with megabatched orthogonalization, and an AdamW fallback for other parameters.
+"""The Muon optimizer: runs each parameter group's algorithm record (optimizers/algorithms/).
 
-Per parameter, with momentum mu, learning rate lr and weight decay wd:
-
-  M <- mu M + G
-  U = mu M + G   (Nesterov)   else   U = M
-  O = orth(U)    per matrix of the parameter's matrix view (see matrix_view)
-  X <- X (1 - lr wd)
-  X <- X - lr scale O           scale from `adjust_lr` and the matrix view
-
-Parameters of one group with the same shape, dtype and device are stacked and
-orthogonalized in one batched call (a megabatch). The stack axis is never merged
-with the matrix axes, so each parameter gets exactly the update it gets alone.
+Matrix algorithms (Muon, NorMuon) are megabatched: parameters of one group with the same shape,
+dtype, device and placements are stacked and orthogonalized in one batched call. The stack axis
+is never merged with the matrix axes, so each parameter gets exactly the update it gets alone.
 """
 
 from __future__ import annotations
@@ -20,17 +12,13 @@ from typing import Any, Iterable
 
 import torch
 
-from optimizers import adamw, checkpoint, distributed
-from optimizers.coefficients import DEFAULT_STEPS
-from optimizers.matrix_view import as_matrices, lr_scale
-from optimizers.normuon import normalise_rows, variance_shape
-from optimizers.orthogonalize import orthogonalize
-from optimizers.validation import check_grad, check_group, check_layouts
+from optimizers import checkpoint, distributed
+from optimizers.algorithms import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, resolve
+from optimizers.groups import check_group, filled
+from optimizers.validation import check_grad, check_layouts
 
-
-def default_compute_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA (tensor cores), fp32 elsewhere."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+OPTIONS = frozenset(k for a in REGISTRY.values() for k in a.defaults)
+"""Options the constructor takes beyond its named ones: those of every registered algorithm."""
 
 
 class Muon(torch.optim.Optimizer):
@@ -38,11 +26,14 @@ class Muon(torch.optim.Optimizer):
 
     Args:
       params: parameters or parameter groups; a group may override any option below.
-      lr, momentum, nesterov, weight_decay: as in the update above.
+      lr, momentum, nesterov, weight_decay: as in optimizers/algorithms/muon.py.
       adjust_lr: "spectral_norm" sqrt(fan_out/fan_in), "rms_norm" 0.2 sqrt(max(fan_out, fan_in)), or None.
       flatten: orthogonalize [out, *rest] as [out, prod(rest)] (fan_out=out, fan_in=prod(rest));
         otherwise a 3-D+ tensor is a batch of its trailing 2-D matrices (fans from the last two dims).
-      orthogonalizer: "polar_express", "newton_schulz" or "svd".
+      orthogonalizer: "polar_express", "newton_schulz", "gram_newton_schulz" or "svd".
+      ns_coefficients, gram_restarts: the schedule of "gram_newton_schulz" ("polar_express", the default, or
+        "newton_schulz") and the steps before which it restarts (default (2,), as published); its divergences
+        are recomputed by the standard iteration and counted in optimizers.gram_newton_schulz.STATS.
       ns_steps: polynomial steps (default 5).
       compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere).
       eps: added to the Frobenius norm in the normaliser.
@@ -51,44 +42,62 @@ class Muon(torch.optim.Optimizer):
         every whole matrix is orthogonalized once, on one rank (optimizers/distributed.py). Every rank
         must step the same parameters (the same ones with gradients) in the same order.
       betas, adamw_eps: hyper-parameters of "adamw" groups.
-      beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups (see normuon.py).
-      algorithm: the default group algorithm, "muon", "normuon" or "adamw".
+      beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups.
+      algorithm: the default group algorithm: a registered name ("muon", "normuon", "adamw") or an
+        `Algorithm` record (optimizers/algorithms/base.py).
+      options: options of other registered algorithms; a group's missing options default from its record.
 
     Raises ValueError/TypeError before touching anything on bad options or parameters.
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
-                 nesterov: bool = False, weight_decay: float = 0.0, adjust_lr: str | None = "spectral_norm",
-                 flatten: bool = False, orthogonalizer: str = "polar_express", ns_steps: int | None = None,
-                 compute_dtype: torch.dtype | None = None, eps: float = 1e-7, mesh: Any = None,
-                 betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8, beta2: float = 0.95,
-                 variance_eps: float = 1e-8, algorithm: str = "muon") -> None:
+    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = MUON.defaults["momentum"],
+                 nesterov: bool = MUON.defaults["nesterov"], weight_decay: float = 0.0,
+                 adjust_lr: str | None = MUON.defaults["adjust_lr"], flatten: bool = MUON.defaults["flatten"],
+                 orthogonalizer: str = MUON.defaults["orthogonalizer"],
+                 ns_steps: int | None = MUON.defaults["ns_steps"],
+                 compute_dtype: torch.dtype | None = MUON.defaults["compute_dtype"],
+                 eps: float = MUON.defaults["eps"], mesh: Any = None,
+                 betas: tuple[float, float] = ADAMW.defaults["betas"],
+                 adamw_eps: float = ADAMW.defaults["adamw_eps"], beta2: float = NORMUON.defaults["beta2"],
+                 variance_eps: float = NORMUON.defaults["variance_eps"], algorithm: str | Algorithm = "muon",
+                 **options: Any) -> None:
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise TypeError(f"Muon() got unknown options {unknown}; known: {sorted(OPTIONS)}")
         self._group = distributed.process_group(mesh)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         adjust_lr=adjust_lr, flatten=flatten, orthogonalizer=orthogonalizer,
                         ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm=algorithm,
-                        betas=betas, adamw_eps=adamw_eps, beta2=beta2, variance_eps=variance_eps)
+                        betas=betas, adamw_eps=adamw_eps, beta2=beta2, variance_eps=variance_eps, **options)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Validate the group (defaults filled in) before it joins the optimizer."""
-        merged = {**self.defaults, **param_group}
+        index = len(self.param_groups)
+        merged = filled(index, self.defaults, param_group)
         params = merged["params"]
         merged["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
-        check_group(len(self.param_groups), merged)
-        if merged["algorithm"] != "adamw":  # AdamW is elementwise: any DTensor layout steps as it is
-            check_layouts(f"param group {len(self.param_groups)}", merged["params"], self._group,
-                          merged["algorithm"])
-        super().add_param_group(param_group)
+        algorithm = check_group(index, merged)
+        if not algorithm.elementwise:  # an elementwise algorithm steps any DTensor layout as it is
+            check_layouts(f"param group {index}", merged["params"], self._group, algorithm.check_layout)
+        super().add_param_group({**merged, "params": param_group["params"]})
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's state dict plus the layout version (optimizers/checkpoint.py)."""
-        return {**super().state_dict(), checkpoint.VERSION_KEY: checkpoint.LAYOUT_VERSION}
+        """torch's state dict, each group's algorithm by name, plus the layout version
+        (optimizers/checkpoint.py)."""
+        state = super().state_dict()
+        for saved, group in zip(state["param_groups"], self.param_groups):
+            saved["algorithm"] = resolve("param group", group["algorithm"]).name
+        return {**state, checkpoint.VERSION_KEY: checkpoint.LAYOUT_VERSION}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state of this layout; ValueError, with the live state untouched, for any other."""
+        """Load a state of this layout; ValueError, with the live state untouched, for any other.
+        Each group keeps its live algorithm (a record stays a record)."""
         checkpoint.validate(state_dict, self.param_groups)
+        algorithms = [group["algorithm"] for group in self.param_groups]
         super().load_state_dict({k: v for k, v in state_dict.items() if k != checkpoint.VERSION_KEY})
+        for group, algorithm in zip(self.param_groups, algorithms):
+            group["algorithm"] = algorithm
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -97,91 +106,68 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        algorithms = []
         for index, group in enumerate(self.param_groups):
-            check_group(index, group)
-            if group["algorithm"] != "adamw":
-                check_layouts(f"param group {index}", group["params"], self._group, group["algorithm"])
+            algorithm = check_group(index, group)
+            if not algorithm.elementwise:
+                check_layouts(f"param group {index}", group["params"], self._group, algorithm.check_layout)
             for p in group["params"]:
                 if p.grad is not None:
                     check_grad(f"param group {index}", p)
-        for group in self.param_groups:
-            if group["algorithm"] == "adamw":
-                adamw.step_group(group, self.state)
+            algorithms.append(algorithm)
+        for group, algorithm in zip(self.param_groups, algorithms):
+            if algorithm.elementwise:
+                self._elementwise_group(group, algorithm)
             else:
-                self._muon_group(group)
+                self._matrix_group(group, algorithm)
         return loss
 
-    def _muon_group(self, group: dict[str, Any]) -> None:
-        buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
-        mu = group["momentum"]
+    def _state(self, p: torch.Tensor, group: dict[str, Any], algorithm: Algorithm) -> dict[str, Any]:
+        """`p`'s state, its algorithm's missing keys created as zeros placed like `p`."""
+        state = self.state[p]
+        for key in algorithm.state:
+            if key.name not in state:
+                state[key.name] = 0 if key.shape is None else \
+                    distributed.zeros_placed_like(p, key.shape(tuple(p.shape), group))
+        return state
+
+    def _elementwise_group(self, group: dict[str, Any], algorithm: Algorithm) -> None:
         for p in group["params"]:
             if p.grad is None:
                 continue
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            buf = state["momentum_buffer"]
-            buf.mul_(mu).add_(p.grad)
-            u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
-            buckets[(tuple(p.shape), p.dtype, p.device, distributed.placements(p))].append((p, u))
+            state = self._state(p, group, algorithm)
+            update = algorithm.direction(p.grad, state, group)
+            algorithm.apply(distributed.local(p), update, state, group, algorithm.lr_scale(tuple(p.shape), group))
+
+    def _matrix_group(self, group: dict[str, Any], algorithm: Algorithm) -> None:
+        buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            update = algorithm.direction(p.grad, self._state(p, group, algorithm), group)
+            buckets[(tuple(p.shape), p.dtype, p.device, distributed.placements(p))].append((p, update))
+        matrix_update = algorithm.matrix_update(group)
         first_owner = 0  # spreads the megabatches of a step over the ranks
-        for (shape, _, device, _), entries in buckets.items():
+        for (shape, *_), entries in buckets.items():
             params = [p for p, _ in entries]
-            stack = torch.stack([distributed.local(u) for _, u in entries])
+            stack = torch.stack([u for _, u in entries])
             if self._group is None:
-                updates = self._orthogonalized(stack, group, device)
+                updates = matrix_update(stack)
             else:
                 layout = distributed.layout_of(params[0], self._group, first_owner)
-                updates = self._distributed_orthogonalized(stack, layout, group, device)
+                updates = algorithm.exchange(stack, layout, matrix_update)
                 first_owner += len(entries)
-            updates = self._postprocess(updates, params, group)
-            scale = self._lr_scale(shape, group)
-            for p, update in zip(params, updates.unbind(0)):
-                x = distributed.local(p)
-                x.mul_(1.0 - group["lr"] * group["weight_decay"])
-                x.add_(update, alpha=-group["lr"] * scale)
-
-    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: distributed.Layout, group: dict[str, Any],
-                                    device: torch.device) -> torch.Tensor:
-        """orth of a megabatch held as this rank's pieces [N, *piece] (whole members when replicated):
-        each whole member is assembled on its owner rank, orthogonalized there by `_orthogonalized`,
-        and this rank gets back its pieces of every result [N, *piece]."""
-        whole = distributed.assemble(pieces, layout)
-        done = self._orthogonalized(whole, group, device) if whole.shape[0] else whole
-        return distributed.scatter(done, layout, pieces.shape[0])
-
-    def _postprocess(self, updates: torch.Tensor, params: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
-        """Transform a megabatch's orthogonalized updates [N, *shape] before they are applied:
-        identity for "muon" groups, row normalisation for "normuon" groups."""
-        if group["algorithm"] != "normuon":
-            return updates
-        return normalise_rows(updates, [self._variance(p, group) for p in params], group)
-
-    def _variance(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
-        """This rank's part of `p`'s NorMuon variance buffer, created as zeros at parameter rank and
-        with `p`'s placement (a DTensor Shard(0) for a row-sharded parameter)."""
-        state = self.state[p]
-        if "variance" not in state:
-            state["variance"] = distributed.zeros_placed_like(p, variance_shape(tuple(p.shape), group["flatten"]))
-        return distributed.local(state["variance"])
-
-    def _lr_scale(self, shape: tuple[int, ...], group: dict[str, Any]) -> float:
-        """lr multiplier of a parameter of `shape` in `group`."""
-        return lr_scale(shape, group["flatten"], group["adjust_lr"])
-
-    def _orthogonalized(self, stack: torch.Tensor, group: dict[str, Any], device: torch.device) -> torch.Tensor:
-        """orth of every member of a megabatch `stack` [N, *shape], in the stack's shape and dtype."""
-        compute = group["compute_dtype"] or default_compute_dtype(device)
-        steps = group["ns_steps"] or DEFAULT_STEPS
-        mats = as_matrices(stack, group["flatten"])
-        out = orthogonalize(mats, group["orthogonalizer"], steps, group["eps"], compute)
-        return out.reshape(stack.shape)
+            states = [self.state[p] for p in params]
+            updates = algorithm.postprocess(updates, states, group)
+            scale = algorithm.lr_scale(shape, group)
+            for p, state, update in zip(params, states, updates.unbind(0)):
+                algorithm.apply(distributed.local(p), update, state, group, scale)
 
 
 class NorMuon(Muon):
     """Muon whose groups default to algorithm "normuon" (Li et al., 2025, arXiv:2510.05491):
     the orthogonalized update's rows are normalised by a running second moment, then its
-    Frobenius norm is restored (optimizers/normuon.py). Takes every Muon option, plus
+    Frobenius norm is restored (optimizers/algorithms/normuon.py). Takes every Muon option, plus
     beta2 (default 0.95) and variance_eps (default 1e-8)."""
 
     def __init__(self, params: Iterable[Any], **options: Any) -> None:

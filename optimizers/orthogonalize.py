@@ -2,17 +2,24 @@
 
 Polynomial methods run X <- aX + (bA + cA^2) X with A = X X^T on the wide
 orientation (tall inputs are transposed, which leaves the odd polynomial's result
-unchanged and costs fewer flops). "svd" returns the polar factor U V^T over the
-singular values above max(m, n) * eps * s_max.
+unchanged and costs fewer flops). "gram_newton_schulz" runs the same polynomials on
+the Gram matrix (optimizers/gram_newton_schulz.py) with a coefficient schedule of its
+choice ("polar_express" by default, or "newton_schulz"). "svd" returns the polar factor
+U V^T over the singular values above max(m, n) * eps * s_max.
 """
 
 from __future__ import annotations
 
 import torch
 
+from typing import Sequence
+
+from optimizers import gram_newton_schulz as gram
 from optimizers.coefficients import normaliser_scale, schedule
 
-ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
+ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd", "gram_newton_schulz")
+SCHEDULES = ("polar_express", "newton_schulz")
+"""Coefficient schedules Gram Newton-Schulz can run (`ns_coefficients`); the default is the first."""
 
 
 def polynomial(x: torch.Tensor, name: str, steps: int, eps: float) -> torch.Tensor:
@@ -37,13 +44,20 @@ def polar_via_svd(x: torch.Tensor) -> torch.Tensor:
     return (u * keep.unsqueeze(-2)) @ vh
 
 
-def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float,
-                  compute_dtype: torch.dtype) -> torch.Tensor:
-    """orth(x) for a stack x [B, m, n], computed in `compute_dtype`, returned in x's dtype."""
+def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype: torch.dtype,
+                  coefficients: str | None = None, restarts: Sequence[int] = gram.RESTARTS) -> torch.Tensor:
+    """orth(x) for a stack x [B, m, n], computed in `compute_dtype`, returned in x's dtype.
+
+    `coefficients` and `restarts` apply to "gram_newton_schulz" only: its schedule (SCHEDULES) and the
+    steps before which it re-forms X and R; divergences it recomputes are counted in gram.STATS."""
     if name not in ORTHOGONALIZERS:
         raise ValueError(f"unknown orthogonalizer {name!r}; expected one of {ORTHOGONALIZERS}")
     if x.ndim != 3:
         raise ValueError(f"expected a stack of matrices [B, m, n], got shape {tuple(x.shape)}")
+    if name == "gram_newton_schulz":
+        coefficients = coefficients or SCHEDULES[0]
+        return gram.gram_newton_schulz(x, schedule(coefficients, steps), normaliser_scale(coefficients), eps,
+                                       compute_dtype, restarts, gram.STATS)
     if name == "svd":
         svd_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
         return polar_via_svd(x.to(svd_dtype)).to(x.dtype)

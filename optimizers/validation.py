@@ -7,22 +7,19 @@ names the group, the option and what was expected.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from optimizers.matrix_view import ADJUST_LR
-from optimizers.orthogonalize import ORTHOGONALIZERS
-
-ALGORITHMS = ("muon", "normuon", "adamw")
 PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 COMPUTE_DTYPES = (None, torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
-def _finite(where: str, name: str, value: Any, low: float = -math.inf, high: float = math.inf,
-            high_open: bool = False) -> None:
+def check_real(where: str, name: str, value: Any, low: float = -math.inf, high: float = math.inf,
+               high_open: bool = False) -> None:
+    """`value` is a finite real number in [low, high] (or [low, high) with high_open)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{where}: {name} must be a real number, got {value!r}")
     if not math.isfinite(value):
@@ -41,48 +38,8 @@ def check_params(where: str, params: Iterable[torch.Tensor], min_ndim: int) -> N
             raise TypeError(f"{where}: parameter {i} has dtype {p.dtype}; supported: "
                             f"{[str(d) for d in PARAM_DTYPES]}")
         if p.ndim < min_ndim:
-            raise ValueError(f"{where}: parameter {i} has shape {tuple(p.shape)}; a 'muon' group needs "
+            raise ValueError(f"{where}: parameter {i} has shape {tuple(p.shape)}; a matrix algorithm needs "
                              f"2+ dims (put 1-D, scalar and embedding parameters in an 'adamw' group)")
-
-
-def check_group(index: int, group: dict[str, Any]) -> None:
-    """Validate one parameter group with its defaults filled in."""
-    where = f"param group {index}"
-    algorithm = group.get("algorithm")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"{where}: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
-    _finite(where, "lr", group["lr"], 0.0)
-    _finite(where, "weight_decay", group["weight_decay"], 0.0)
-    if algorithm == "adamw":
-        check_params(where, group["params"], 0)
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"{where}: betas must be a pair, got {betas!r}")
-        for j, beta in enumerate(betas):
-            _finite(where, f"betas[{j}]", beta, 0.0, 1.0, high_open=True)
-        _finite(where, "adamw_eps", group["adamw_eps"], 0.0)
-        return
-    check_params(where, group["params"], 2)
-    _finite(where, "momentum", group["momentum"], 0.0, 1.0, high_open=True)
-    if algorithm == "normuon":
-        _finite(where, "beta2", group["beta2"], 0.0, 1.0, high_open=True)
-        _finite(where, "variance_eps", group["variance_eps"], 0.0)
-        if group["variance_eps"] == 0.0:
-            raise ValueError(f"{where}: variance_eps must be > 0 (it guards the division by sqrt(v))")
-    _finite(where, "eps", group["eps"], 0.0)
-    if group["adjust_lr"] not in ADJUST_LR:
-        raise ValueError(f"{where}: unknown adjust_lr {group['adjust_lr']!r}; expected one of {ADJUST_LR}")
-    if group["orthogonalizer"] not in ORTHOGONALIZERS:
-        raise ValueError(f"{where}: unknown orthogonalizer {group['orthogonalizer']!r}; "
-                         f"expected one of {ORTHOGONALIZERS}")
-    steps = group["ns_steps"]
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"{where}: ns_steps must be a positive integer or None, got {steps!r}")
-    if group["compute_dtype"] not in COMPUTE_DTYPES:
-        raise ValueError(f"{where}: compute_dtype {group['compute_dtype']!r} is not one of {COMPUTE_DTYPES}")
-    for flag in ("nesterov", "flatten"):
-        if not isinstance(group[flag], bool):
-            raise TypeError(f"{where}: {flag} must be a bool, got {group[flag]!r}")
 
 
 def check_grad(where: str, p: torch.Tensor) -> None:
@@ -100,12 +57,11 @@ def check_grad(where: str, p: torch.Tensor) -> None:
 
 
 def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None,
-                  algorithm: str = "muon") -> None:
+                  check_layout: Callable[[str, int, torch.Tensor], None]) -> None:
     """Every parameter lies in a layout distributed Muon supports: a plain tensor (single process,
     or replicated over `group`), or a DTensor on a 1-D mesh of `group`'s size placed Shard(d) or
     Replicate(). A DTensor needs a group; 2-D meshes, Partial placements and parameters sharded
-    on two dims are rejected, and so is a "normuon" parameter sharded on a dim other than 0: its
-    rows (output channels) would be split, and row statistics need whole rows."""
+    on two dims are rejected; then `check_layout(where, i, p)`, the algorithm's own rule."""
     for i, p in enumerate(params):
         if not isinstance(p, DTensor):
             continue
@@ -123,10 +79,7 @@ def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.Proces
         (placement,) = placements
         if type(placement) not in (Shard, Replicate):
             raise ValueError(f"{where}: parameter {i} has placement {placement}; supported: Shard(d), Replicate()")
-        if algorithm == "normuon" and sharded and sharded[0] != 0:
-            raise ValueError(f"{where}: NorMuon parameter {i} of shape {tuple(p.shape)} is sharded on dim "
-                             f"{sharded[0]}; NorMuon needs whole output-channel rows: shard on dim 0 (FSDP2's "
-                             f"Shard(0)) or replicate it")
+        check_layout(where, i, p)
         if p.device_mesh.size() != dist.get_world_size(group):
             raise ValueError(f"{where}: parameter {i} lives on a mesh of {p.device_mesh.size()} ranks, "
                              f"the optimizer's mesh has {dist.get_world_size(group)}")

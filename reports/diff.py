@@ -16,6 +16,11 @@ and, independently of those, a key in both runs is in
 
   tolerance_changed  tolerance (NaN equal to NaN) or tolerance_source differ
 
+Two runs are *comparable* when they judged the same tier, target(s), backends and case
+selection, and both completed or both did not (`incomparable` says how they differ); a diff
+of others lists cases as vanished and appeared that no change made, so the command line
+refuses it unless forced.
+
 A pair is a *regression* when it is a new failure, an error that grew, or a check
 that passed in base and no longer runs in head (unsupported, skipped or vanished):
 a check that silently stops running counts against the head run.
@@ -25,8 +30,9 @@ a check that silently stops running counts against the head run.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from reports.records import STATUSES, Record
 
@@ -38,6 +44,31 @@ CATEGORIES: tuple[str, ...] = (
     "appeared", "tolerance_changed", "error_shrank", "fixed",
 )
 """Every category, in report order: the ones that can regress first."""
+
+DEFAULT_GROWTH = 2.0
+"""Factor by which an error/tolerance ratio must grow to count as grown."""
+
+COMPARABLE_BY: tuple[str, ...] = ("tier", "targets", "backends", "selection", "complete")
+"""Context keys (as from `reports.store.load_run`) that two comparable runs share."""
+
+
+def incomparable(base: Mapping[str, Any], head: Mapping[str, Any],
+                 keys: tuple[str, ...] = COMPARABLE_BY) -> list[str]:
+    """How the contexts of two runs differ in `keys`, one phrase per key ("tier 'ci' vs 'nightly'");
+    empty when comparable. A key that either run did not record is not compared."""
+    return [f"{key} {_shown(base[key])} vs {_shown(head[key])}" for key in keys
+            if key in base and key in head and _listed(base[key]) != _listed(head[key])]
+
+
+def _listed(value: Any) -> Any:
+    """A tuple as the list JSON stores it."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return repr(",".join(map(str, value)) or "(all)")
+    return repr(value)
 
 @dataclass(frozen=True)
 class Diff:
@@ -71,10 +102,10 @@ class Diff:
         return bool(self.regressions())
 
 
-def diff_runs(base: list[Record], head: list[Record], *, growth: float = 2.0, floor: float = 1e-3) -> Diff:
+def diff_runs(base: list[Record], head: list[Record], *, growth: float = DEFAULT_GROWTH, floor: float = 1e-3) -> Diff:
     """Compare `head` against `base` record by record; ValueError on a key repeated within a run."""
-    if growth < 1.0:
-        raise ValueError(f"growth must be at least 1, got {growth}")
+    if not (math.isfinite(growth) and growth >= 1.0):
+        raise ValueError(f"growth must be a finite number of at least 1, got {growth}")
     old, new = _by_key(base, "base"), _by_key(head, "head")
     diff = Diff(growth=growth, floor=floor, compared=len(old.keys() & new.keys()))
     for key in old.keys() | new.keys():

@@ -10,6 +10,10 @@ Statuses:
   error        the target raised while running a case it claimed to support
   unsupported  the target declared it cannot run this case (never a pass)
   skipped      the harness could not run it here (e.g. no GPU), with the reason
+
+The schema is versioned (`SCHEMA_VERSION`, stored in run.json and in the Parquet file's
+metadata). A column is added as a `Record` field with a default, together with a new
+version and a line in its history; runs stored before it load with the field's default.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Iterable
 
@@ -25,6 +29,14 @@ STATUSES = ("fail", "error", "pass", "unsupported", "skipped")
 """All statuses, worst first."""
 
 FAILING = frozenset({"fail", "error"})
+
+SCHEMA_VERSION = 2
+"""Version of the stored-run schema (`Record` columns, run.json keys). History:
+
+  1  the columns case_id .. seconds; run.json unversioned (runs stored before versioning)
+  2  schema_version in run.json and in results.parquet's metadata; run.json also holds
+     complete, selection, interrupted and the SHA-256 and size of results.parquet and results.csv
+"""
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,22 @@ class Record:
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Record))
+REQUIRED: tuple[str, ...] = tuple(f.name for f in fields(Record) if f.default is MISSING)
+"""Columns without a default: every stored run has them."""
 _TYPES = {f.name: f.type for f in fields(Record)}
+
+
+def check_columns(names: Iterable[str], source: object) -> None:
+    """ValueError naming `source` unless `names` are known columns including every `REQUIRED` one.
+    A column missing from an older run is fine when its field has a default."""
+    names = list(names)
+    missing = [n for n in REQUIRED if n not in names]
+    if missing:
+        raise ValueError(f"{source}: not a results file (missing columns {missing})")
+    unknown = [n for n in names if n not in _TYPES]
+    if unknown:
+        raise ValueError(f"{source}: not a results file of schema version {SCHEMA_VERSION} "
+                         f"(unknown columns {unknown}; written by a newer harness?)")
 
 
 def _parse(name: str, text: str) -> object:
@@ -98,13 +125,18 @@ def write_csv(records: Iterable[Record], path: Path) -> None:
 
 
 def read_csv(path: Path) -> list[Record]:
-    """Read records written by `write_csv`; raises ValueError on a foreign header."""
+    """Read records written by `write_csv`, of this or an older schema (a missing column gets its
+    field's default); ValueError on a foreign header or a row of the wrong length."""
     with open(path, newline="") as handle:
         reader = csv.reader(handle)
-        header = tuple(next(reader))
-        if header != COLUMNS:
-            raise ValueError(f"{path}: not a results file (header {header[:4]}...)")
-        return [Record(**{n: _parse(n, v) for n, v in zip(COLUMNS, row)}) for row in reader]
+        header = tuple(next(reader, ()))
+        check_columns(header, path)
+        records = []
+        for line, row in enumerate(reader, 2):
+            if len(row) != len(header):
+                raise ValueError(f"{path}: line {line} has {len(row)} fields, the header {len(header)}")
+            records.append(Record(**{n: _parse(n, v) for n, v in zip(header, row)}))
+        return records
 
 
 def worst_first(records: Iterable[Record]) -> list[Record]:
@@ -138,6 +170,10 @@ class RunInfo:
     seconds: float
     torch_version: str
     commit: str = ""
+    selection: tuple[str, ...] = ()
+    """The --select patterns (empty: the whole tier)."""
+    interrupted: str = ""
+    """Why the run stopped before its last case (e.g. "SIGTERM after 12 of 40 cases"); empty if complete."""
 
 
 def group_by(records: Iterable[Record], field: str) -> dict[str, list[Record]]:

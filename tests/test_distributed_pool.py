@@ -4,21 +4,26 @@ functions live here (spawned ranks import this module by name)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import optimizers
 from cases import Case
-from harness import pool as pool_module
 from harness.pool import RankPool, SpawnedPools
 from harness.runner import run_case
 from harness.targets import load_target
 from harness.targets.controls import Control
+from harness.targets.distributed_controls import with_exchange
+from optimizers import distributed
 
 
 def rank_sum(ctx, offset: int) -> int:
@@ -40,9 +45,18 @@ def die_on_rank_zero(ctx) -> int:
 
 
 def sleep_on_rank_zero(ctx) -> int:
+    print(f"rank {ctx.rank} printed this", flush=True)
     if ctx.rank == 0:
         time.sleep(600)
     return rank_sum(ctx, 0)
+
+
+def segfault_on_rank_one(ctx) -> int:
+    if ctx.rank == 1:
+        print("last words of rank 1", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return rank_sum(ctx, 0)
+
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +75,9 @@ def test_values_come_back_per_rank_and_the_pool_is_reused(pools):
 
 
 @pytest.mark.parametrize("task, failing, text", [
-    (raise_on_rank_one, 1, "planted failure on rank 1"),
-    (die_on_rank_zero, 0, "died (exit code 7)"),
+    (raise_on_rank_one, 1, "rank 1 raised:\nTraceback"),
+    (die_on_rank_zero, 0, "rank 0 died (exit code 7) without a reply"),
+    (segfault_on_rank_one, 1, "rank 1 died with signal SIGSEGV (exit code -11) without a reply"),
 ])
 def test_a_failing_rank_fails_the_task_with_every_rank_traceback_and_the_pool_is_rebuilt(pools, task, failing, text):
     before = pools.run("gloo", 2, rank_sum, 0)
@@ -70,8 +85,16 @@ def test_a_failing_rank_fails_the_task_with_every_rank_traceback_and_the_pool_is
     live = pools._pools[("gloo", 2)]
     result = pools.run("gloo", 2, task, timeout=60)
     assert not result.ok and set(result.failures) == {0, 1}
-    assert text in result.failures[failing]
+    assert text in result.failures[failing], result.describe()
     other = 1 - failing
+    # the other rank either fails in its collective too, or is still waiting for the failed one
+    assert (result.failures[other].startswith(f"rank {other} raised:")
+            or f"rank {other} still busy" in result.failures[other] and f"after rank {failing} failed"
+            in result.failures[other]), result.describe()
+    assert "within the timeout" not in result.describe()  # it waited a grace period, not the timeout
+    if task is segfault_on_rank_one:  # its last output and faulthandler's stack of the crash
+        crash = result.failures[1]
+        assert "last words of rank 1" in crash and "Segmentation fault" in crash and "segfault_on_rank_one" in crash
     assert "rank_sum" in result.failures[other] or "all_reduce" in result.failures[other], result.describe()
     assert not live.alive
     after = pools.run("gloo", 2, rank_sum, 0)
@@ -81,7 +104,10 @@ def test_a_failing_rank_fails_the_task_with_every_rank_traceback_and_the_pool_is
 def test_a_hang_becomes_a_failure_with_the_stacks_of_every_rank(pools):
     result = pools.run("gloo", 2, sleep_on_rank_zero, timeout=4)
     assert set(result.failures) == {0, 1}
-    assert "did not answer within 4s" in result.failures[0] and "sleep_on_rank_zero" in result.failures[0]
+    assert "rank 0 hung: no answer within the timeout of 4s" in result.failures[0]
+    assert "sleep_on_rank_zero" in result.failures[0]
+    assert "rank 1 hung: no answer within the timeout of 4s" in result.failures[1]
+    assert all(f"rank {r} printed this" in result.failures[r] for r in (0, 1))  # stdout goes to the log
     assert "all_reduce" in result.failures[1] or "rank_sum" in result.failures[1], result.describe()
     assert pools.run("gloo", 2, rank_sum, 0).ok
 
@@ -95,31 +121,87 @@ def test_concurrent_pools_do_not_share_a_rendezvous():
         b.close()
 
 
-class _HangingMuon(optimizers.Muon):
+def _hanging_exchange(pieces: torch.Tensor, layout: Any, update: Any) -> torch.Tensor:
     """Rank 1 never joins the all-to-all."""
-
-    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: Any, group: dict[str, Any],
-                                    device: torch.device) -> torch.Tensor:
-        if layout.rank == 1:
-            time.sleep(600)
-        return super()._distributed_orthogonalized(pieces, layout, group, device)
+    if layout.rank == 1:
+        print("rank 1 hangs now", flush=True)
+        time.sleep(600)
+    return distributed.exchange(pieces, layout, update)
 
 
 def hanging() -> Control:
-    return Control("hanging", _HangingMuon)
+    return with_exchange("hanging", _hanging_exchange)
 
 
 SHARD0 = "muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps2/gaussian/seed0/shard0/ws2"
 
 
-def test_a_hung_case_is_an_error_record_with_every_rank_traceback_then_the_next_case_runs(monkeypatch):
+def test_a_hung_case_is_an_error_record_with_every_rank_traceback_then_the_next_case_runs():
     case = Case.from_id(SHARD0)
     spec = "test_distributed_pool:hanging"
-    with monkeypatch.context() as patch:
-        patch.setattr(pool_module, "DEFAULT_TIMEOUT", 6.0)
-        records = run_case(case, load_target(spec), spec)
+    assert all(r.status == "pass" for r in run_case(case, load_target("ours"), "ours"))  # ranks past their imports
+    records = run_case(case, load_target(spec), spec, timeout=10.0)
     assert records and all(r.status == "error" for r in records)
     message = records[0].message
+    assert "hung: no answer within the timeout of 10s" in message
     assert "--- rank 0 ---" in message and "--- rank 1 ---" in message
-    assert "in _distributed_orthogonalized" in message and "test_distributed_pool.py" in message
+    assert "in _hanging_exchange" in message and "test_distributed_pool.py" in message
     assert all(r.status == "pass" for r in run_case(case, load_target("ours"), "ours"))
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of the processes whose parent is `pid` (Linux /proc)."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            kids.append(int(entry.name))
+    return kids
+
+
+def _wait(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds:g}s for {what}"
+        time.sleep(0.1)
+
+
+def _hung_run(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """`python -m harness run` of a case whose rank 1 hangs, once rank 1 hangs: (process, rank pids)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "gloo", "--select", SHARD0,
+                             "--target", "test_distributed_pool:hanging", "--out", str(tmp_path / "out"), "--quiet"],
+                            env=env, cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    hanging = lambda: any("rank 1 hangs now" in log.read_text() for log in tmpdir.glob("rankpool-*/rank1.log"))
+    _wait(lambda: hanging() or proc.poll() is not None, 240, "rank 1 to hang")
+    assert proc.poll() is None, proc.communicate()
+    return proc, _children(proc.pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_while_a_rank_hangs_kills_the_ranks_removes_the_pool_and_writes_an_incomplete_run(tmp_path):
+    proc, ranks = _hung_run(tmp_path)
+    assert len(ranks) >= 2
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted by SIGTERM after 0 of 1 cases" in stderr and "Traceback" not in stderr, stderr
+    _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks), 10, "the ranks to exit")
+    assert not list((tmp_path / "tmp").glob("rankpool-*"))
+    stored = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert stored["complete"] is False and stored["records"] == 0
+    assert "INCOMPLETE" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_die_with_a_parent_killed_outright(tmp_path):
+    proc, ranks = _hung_run(tmp_path)
+    proc.kill()  # no handler, no atexit: only the ranks' parent-death signal and watchdog can end them
+    proc.communicate(timeout=60)
+    _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks), 10, "the ranks to exit")

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from reports.diff import CATEGORIES, Diff, diff_runs, growth_factor
+from reports.diff import CATEGORIES, Diff, diff_runs, growth_factor, incomparable
 from reports.diff_html import render_diff_html, render_diff_markdown
 from reports.records import Record
 from reports.trend import render_trend_html
@@ -336,3 +336,19 @@ def test_trend_charts_per_check_with_gaps_and_no_network() -> None:
 def test_trend_of_no_runs_renders() -> None:
     page = render_trend_html([])
     assert "trend over 0 runs" in page and "<figure" not in page
+
+
+@pytest.mark.parametrize("growth", [math.nan, math.inf, 0.99])
+def test_a_growth_that_would_switch_detection_off_is_refused(growth: float) -> None:
+    with pytest.raises(ValueError, match="growth must be a finite number of at least 1"):
+        diff_runs([], [], growth=growth)
+
+
+def test_incomparable_names_each_difference_and_skips_what_a_run_did_not_record() -> None:
+    base = {"tier": "ci", "targets": ["ours"], "backends": "cpu", "selection": [], "complete": True}
+    assert incomparable(base, dict(base)) == []
+    head = {**base, "tier": "nightly", "targets": ["torch"], "selection": ("linear",)}
+    assert incomparable(base, head) == ["tier 'ci' vs 'nightly'", "targets 'ours' vs 'torch'",
+                                        "selection '(all)' vs 'linear'"]
+    legacy = {k: v for k, v in head.items() if k not in ("tier", "selection", "complete")}
+    assert incomparable(base, legacy) == ["targets 'ours' vs 'torch'"]

@@ -10,9 +10,10 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
-from reports.records import COLUMNS, Record, RunInfo, write_csv
+from reports.records import COLUMNS, SCHEMA_VERSION, Record, RunInfo, write_csv
 from reports.store import load_run, save_run
 
 NAN = math.nan
@@ -69,7 +70,9 @@ def test_parquet_has_one_row_per_record_and_typed_columns(tmp_path: Path) -> Non
 def test_run_json_holds_run_info_and_environment(tmp_path: Path) -> None:
     save_run(RECORDS, INFO, tmp_path)
     stored = json.loads((tmp_path / "run.json").read_text())
-    assert {k: stored[k] for k in dataclasses.asdict(INFO)} == dataclasses.asdict(INFO)
+    info = json.loads(json.dumps(dataclasses.asdict(INFO)))  # tuples as JSON lists
+    assert {k: stored[k] for k in info} == info
+    assert stored["schema_version"] == SCHEMA_VERSION and stored["complete"] is True
     assert stored["python_version"] == platform.python_version()
     assert stored["platform"] == platform.platform() and stored["device"]
     assert stored["world_sizes"] == [1, 4]
@@ -106,11 +109,100 @@ def test_csv_only_run_loads_with_derived_context(tmp_path: Path) -> None:
     assert "tier" not in context
 
 
-def test_parquet_is_preferred_over_csv(tmp_path: Path) -> None:
+def test_parquet_is_canonical_and_a_disagreeing_csv_is_refused_until_removed(tmp_path: Path) -> None:
     save_run(RECORDS[:2], INFO, tmp_path)
     write_csv(RECORDS, tmp_path / "results.csv")
+    with pytest.raises(ValueError, match="results.csv is not the file this run wrote.*results.parquet is canonical"):
+        load_run(tmp_path)
+    (tmp_path / "results.csv").unlink()
     records, _ = load_run(tmp_path)
     assert same(records, RECORDS[:2])
+
+
+def test_an_edited_or_truncated_results_file_is_refused(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    csv_path, parquet = tmp_path / "results.csv", tmp_path / "results.parquet"
+    data = csv_path.read_bytes()
+    assert b",fail," in data
+    csv_path.write_bytes(data.replace(b",fail,", b",pass,", 1))
+    with pytest.raises(ValueError, match="results.csv is not the file this run wrote"):
+        load_run(tmp_path)
+    csv_path.write_bytes(b"".join(data.splitlines(keepends=True)[:-2]))  # truncated by two rows
+    with pytest.raises(ValueError, match="results.csv is not the file"):
+        load_run(tmp_path)
+    csv_path.write_bytes(data)
+    assert same(load_run(tmp_path)[0], RECORDS)
+    save_run(RECORDS[:3], INFO, tmp_path / "short")
+    parquet.write_bytes((tmp_path / "short" / "results.parquet").read_bytes())  # a valid but other Parquet file
+    with pytest.raises(ValueError, match="results.parquet is not the file this run wrote"):
+        load_run(tmp_path)
+    parquet.unlink()
+    with pytest.raises(ValueError, match="canonical file, is missing"):
+        load_run(tmp_path)
+
+
+def legacy(run_dir: Path, **keep: object) -> None:
+    """Rewrite run.json as runs stored before schema version 2 had it (no version, no digests)."""
+    path = run_dir / "run.json"
+    context = json.loads(path.read_text())
+    for key in ("schema_version", "files", "complete", "selection", "interrupted", "targets"):
+        context.pop(key)
+    path.write_text(json.dumps({**context, **keep}))
+
+
+def test_a_legacy_run_is_checked_record_by_record_and_by_count(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    legacy(tmp_path)
+    records, context = load_run(tmp_path)
+    assert same(records, RECORDS) and context["schema_version"] == 1
+    write_csv(RECORDS[:-1], tmp_path / "results.csv")
+    with pytest.raises(ValueError, match="results.csv disagrees with results.parquet"):
+        load_run(tmp_path)
+    (tmp_path / "results.csv").unlink()
+    legacy_count = json.loads((tmp_path / "run.json").read_text()) | {"records": 7}
+    (tmp_path / "run.json").write_text(json.dumps(legacy_count))
+    with pytest.raises(ValueError, match="holds 6 records, run.json says 7"):
+        load_run(tmp_path)
+
+
+def test_a_run_stored_without_a_column_loads_with_its_default(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    legacy(tmp_path)
+    older = [c for c in COLUMNS if c not in ("message", "seconds")]
+    frame = pd.read_parquet(tmp_path / "results.parquet")[older]
+    frame.to_parquet(tmp_path / "results.parquet", index=False)
+    frame.to_csv(tmp_path / "results.csv", index=False)
+    records, _ = load_run(tmp_path)
+    expected = [dataclasses.replace(r, message="", seconds=0.0) for r in RECORDS]
+    assert same(records, expected)
+    (tmp_path / "results.parquet").unlink()
+    assert same(load_run(tmp_path)[0], expected)  # the CSV alone, same defaults
+
+
+def test_a_newer_schema_or_an_unknown_column_is_refused(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    context = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps({**context, "schema_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(ValueError, match="schema version"):
+        load_run(tmp_path)
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    write_csv(RECORDS, newer / "results.csv")
+    pd.read_csv(newer / "results.csv").assign(future="?").to_csv(newer / "results.csv", index=False)
+    with pytest.raises(ValueError, match=r"unknown columns \['future'\]"):
+        load_run(newer)
+
+
+def test_a_run_with_a_repeated_key_is_refused(tmp_path: Path) -> None:
+    save_run(RECORDS + RECORDS[:1], INFO, tmp_path)
+    with pytest.raises(ValueError, match="appears twice"):
+        load_run(tmp_path)
+
+
+def test_parquet_metadata_holds_the_schema_version(tmp_path: Path) -> None:
+    save_run(RECORDS, INFO, tmp_path)
+    metadata = pq.read_schema(tmp_path / "results.parquet").metadata
+    assert metadata[b"schema_version"] == str(SCHEMA_VERSION).encode()
 
 
 def test_null_floats_from_other_writers_load_as_nan(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Negative controls of distributed Muon: deliberately wrong distributed paths that the
-distributed checks must flag (tests/test_distributed_controls.py). Each overrides only
-`Muon._distributed_orthogonalized`, the step that turns a megabatch's pieces into updates.
+distributed checks must flag (tests/test_distributed_controls.py). Each replaces only the
+`exchange` stage of the case's algorithm record, the stage that turns a megabatch's pieces into
+updates (optimizers/algorithms/base.py).
 
   local-shard   orthogonalizes each rank's local shard instead of the whole matrix (what
                 tensor-parallel Muons do; layout dependent by construction)
@@ -18,70 +19,69 @@ Use as a target spec, e.g. `--target harness.targets.distributed_controls:local_
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import optimizers
 from harness.targets.controls import Control
 from optimizers import distributed
+from optimizers.algorithms.base import Exchange
+
+MatrixUpdate = Callable[[torch.Tensor], torch.Tensor]
 
 
-class _LocalShardMuon(optimizers.Muon):
-    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: distributed.Layout, group: dict[str, Any],
-                                    device: torch.device) -> torch.Tensor:
-        return self._orthogonalized(pieces, group, device) if pieces.numel() else pieces
+def _local_shard(pieces: torch.Tensor, layout: distributed.Layout, update: MatrixUpdate) -> torch.Tensor:
+    return update(pieces) if pieces.numel() else pieces
 
 
-class _PaddingLeakMuon(optimizers.Muon):
-    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: distributed.Layout, group: dict[str, Any],
-                                    device: torch.device) -> torch.Tensor:
-        if layout.dim is None:
-            return super()._distributed_orthogonalized(pieces, layout, group, device)
-        axis = layout.dim + 1
-        chunk = -(-layout.shape[layout.dim] // layout.world)
-        short = chunk - pieces.shape[axis]
-        pad = [0, 0] * (pieces.ndim - 1 - axis) + [0, short]  # F.pad lists dims from the last one
-        padded = F.pad(pieces, pad, value=1.0)
-        gathered = [torch.empty_like(padded) for _ in range(layout.world)]
-        dist.all_gather(gathered, padded.contiguous(), group=layout.group)
-        done = self._orthogonalized(torch.cat(gathered, dim=axis), group, device)
-        return done.narrow(axis, layout.rank * chunk, pieces.shape[axis])
+def _padding_leak(pieces: torch.Tensor, layout: distributed.Layout, update: MatrixUpdate) -> torch.Tensor:
+    if layout.dim is None:
+        return distributed.exchange(pieces, layout, update)
+    axis = layout.dim + 1
+    chunk = -(-layout.shape[layout.dim] // layout.world)
+    short = chunk - pieces.shape[axis]
+    pad = [0, 0] * (pieces.ndim - 1 - axis) + [0, short]  # F.pad lists dims from the last one
+    padded = F.pad(pieces, pad, value=1.0)
+    gathered = [torch.empty_like(padded) for _ in range(layout.world)]
+    dist.all_gather(gathered, padded.contiguous(), group=layout.group)
+    done = update(torch.cat(gathered, dim=axis))
+    return done.narrow(axis, layout.rank * chunk, pieces.shape[axis])
 
 
-class _WrongParamsMuon(optimizers.Muon):
-    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: distributed.Layout, group: dict[str, Any],
-                                    device: torch.device) -> torch.Tensor:
-        whole = distributed.assemble(pieces, layout)
-        done = self._orthogonalized(whole, group, device) if whole.shape[0] else whole
-        return distributed.scatter(done.flip(0), layout, pieces.shape[0])
+def _wrong_params(pieces: torch.Tensor, layout: distributed.Layout, update: MatrixUpdate) -> torch.Tensor:
+    done = update(distributed.assemble(pieces, layout))
+    return distributed.scatter(done.flip(0), layout, pieces.shape[0])
 
 
-class _NoGatherMuon(optimizers.Muon):
-    def _distributed_orthogonalized(self, pieces: torch.Tensor, layout: distributed.Layout, group: dict[str, Any],
-                                    device: torch.device) -> torch.Tensor:
-        if layout.dim is not None:
-            return super()._distributed_orthogonalized(pieces, layout, group, device)
-        out = torch.zeros_like(pieces)
-        mine = layout.members(layout.rank)
-        if pieces[mine].shape[0]:
-            out[mine] = self._orthogonalized(pieces[mine], group, device)
-        return out
+def _no_gather(pieces: torch.Tensor, layout: distributed.Layout, update: MatrixUpdate) -> torch.Tensor:
+    if layout.dim is not None:
+        return distributed.exchange(pieces, layout, update)
+    out = torch.zeros_like(pieces)
+    mine = layout.members(layout.rank)
+    if pieces[mine].shape[0]:
+        out[mine] = update(pieces[mine])
+    return out
+
+
+def with_exchange(name: str, exchange: Exchange) -> Control:
+    """A control running the case's algorithm with its exchange stage replaced by `exchange`."""
+    return Control(name, lambda algorithm: dataclasses.replace(algorithm, exchange=exchange))
 
 
 def local_shard() -> Control:
-    return Control("control-local-shard", _LocalShardMuon)
+    return with_exchange("control-local-shard", _local_shard)
 
 
 def padding_leak() -> Control:
-    return Control("control-padding-leak", _PaddingLeakMuon)
+    return with_exchange("control-padding-leak", _padding_leak)
 
 
 def wrong_params() -> Control:
-    return Control("control-wrong-params", _WrongParamsMuon)
+    return with_exchange("control-wrong-params", _wrong_params)
 
 
 def no_gather() -> Control:
-    return Control("control-no-gather", _NoGatherMuon)
+    return with_exchange("control-no-gather", _no_gather)

@@ -1,4 +1,5 @@
-"""NorMuon: Muon followed by a per-output-channel normalisation of the update.
+"""NorMuon (Li et al., 2025, arXiv:2510.05491) as an algorithm record: Muon followed by a
+per-output-channel normalisation of the update (its post-processing stage).
 
 For each matrix [m, n] of a parameter's matrix view (flatten: the one matrix
 [out, prod(rest)], so rows are output channels; otherwise the trailing matrices):
@@ -16,11 +17,16 @@ checkpoints stay shard-compatible. Megabatched: the math runs on the stacked
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import torch
+from torch.distributed.tensor import Shard
 
+from optimizers.algorithms.base import Group, State, StateKey
+from optimizers.algorithms.muon import MUON, validate_muon
+from optimizers.distributed import local
 from optimizers.matrix_view import as_matrices
+from optimizers.validation import check_real
 
 
 def variance_shape(shape: tuple[int, ...], flatten: bool) -> tuple[int, ...]:
@@ -30,7 +36,7 @@ def variance_shape(shape: tuple[int, ...], flatten: bool) -> tuple[int, ...]:
     return tuple(shape[:-1]) + (1,)
 
 
-def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: dict[str, Any]) -> torch.Tensor:
+def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: Group) -> torch.Tensor:
     """NorMuon's normalisation of a megabatch's orthogonalized updates [N, *shape], given each
     member's variance buffer (updated in place). Under row sharding `updates` and `variances`
     are this rank's rows, and the norm restore is over them: shard-local by design."""
@@ -48,3 +54,42 @@ def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: 
     for buffer, new in zip(variances, v.reshape(n, *variances[0].shape).unbind(0)):
         buffer.copy_(new)
     return (normed.reshape(n, -1) * factor).reshape(updates.shape).to(updates.dtype)
+
+
+def validate_normuon(where: str, group: Group) -> None:
+    """Muon's options, plus beta2 in [0, 1) and variance_eps > 0."""
+    validate_muon(where, group)
+    check_real(where, "beta2", group["beta2"], 0.0, 1.0, high_open=True)
+    check_real(where, "variance_eps", group["variance_eps"], 0.0)
+    if group["variance_eps"] == 0.0:
+        raise ValueError(f"{where}: variance_eps must be > 0 (it guards the division by sqrt(v))")
+
+
+def row_normalise(updates: torch.Tensor, states: list[State], group: Group) -> torch.Tensor:
+    """Post-processing stage: `normalise_rows` with each member's (local) variance buffer."""
+    return normalise_rows(updates, [local(s["variance"]) for s in states], group)
+
+
+def whole_rows(where: str, index: int, p: torch.Tensor) -> None:
+    """Layout rule: a parameter sharded on a dim other than 0 would have its rows (output channels)
+    split, and row statistics need whole rows."""
+    (placement,) = p.placements
+    if isinstance(placement, Shard) and placement.dim != 0:
+        raise ValueError(f"{where}: NorMuon parameter {index} of shape {tuple(p.shape)} is sharded on dim "
+                         f"{placement.dim}; NorMuon needs whole output-channel rows: shard on dim 0 (FSDP2's "
+                         f"Shard(0)) or replicate it")
+
+
+def _variance_shape(shape: tuple[int, ...], group: Group) -> tuple[int, ...]:
+    return variance_shape(shape, group["flatten"])
+
+
+NORMUON = dataclasses.replace(
+    MUON,
+    name="normuon",
+    defaults={**MUON.defaults, "beta2": 0.95, "variance_eps": 1e-8},
+    validate=validate_normuon,
+    state=MUON.state + (StateKey("variance", _variance_shape, nonnegative=True),),
+    postprocess=row_normalise,
+    check_layout=whole_rows,
+)

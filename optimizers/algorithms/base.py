@@ -1,0 +1,161 @@
+"""An optimizer algorithm as one record: its options, its state, and a chain of small stages.
+
+`optimizers.Muon` steps every parameter group by running the stages of the group's
+`Algorithm` (a registered name, or a record passed as the group's `algorithm` option).
+A variant is a record with one stage replaced, e.g.
+`dataclasses.replace(MUON, orthogonalize=my_orthogonalizer)`: no subclassing, no private methods.
+
+One step of a matrix algorithm, for the parameters of one group that have a gradient
+(`group` is the group's dict with every option filled in; tensors are this rank's local data:
+the local shard of a DTensor, aliasing it, so in-place writes land in the DTensor):
+
+  per parameter     U = direction(G, state, group)                 local; may update state in place
+  per megabatch     stack the U of same-shape parameters: [N, *shape] (this rank's pieces)
+    matrix update   on whole members [k, *shape], seen as matrices M [B, m, n] (optimizers.matrix_view):
+                      S, expand = select(M, group)                  which slices are orthogonalized
+                      O = expand(orthogonalize(S, group))           back to [B, m, n]
+                    single process: run on the stack itself; distributed:
+                      exchange(pieces, layout, matrix_update) assembles each whole member on its
+                      owner rank, runs the matrix update there, and returns this rank's pieces
+                    updates = postprocess(O as [N, *shape], states, group)  local (this rank's rows)
+  per parameter     apply(X, update, state, group, lr_scale(shape, group))
+
+An elementwise algorithm (AdamW) has `orthogonalize=None`: per parameter,
+`apply(X, direction(G, state, group), state, group, lr_scale(shape, group))`, with no matrix
+view, megabatch or exchange, so it takes parameters of any rank and any DTensor layout.
+
+Stage signatures (Group = dict[str, Any]; State = the parameter's state dict, values as stored):
+
+  direction(grad: Tensor, state: State, group) -> Tensor          the update direction U, local
+  select(mats: Tensor[B, m, n], group) -> (Tensor[B, m', n'], expand)
+                                    expand maps the orthogonalized selection back to [B, m, n]
+  orthogonalize(mats: Tensor[B, m, n], group) -> Tensor[B, m, n]  same dtype as `mats`
+  postprocess(updates: Tensor[N, *local shape], states: list[State], group) -> Tensor (same shape)
+  lr_scale(shape: tuple[int, ...] (global), group) -> float
+  apply(x: Tensor (local), update: Tensor, state: State, group, scale: float) -> None   in place
+  exchange(pieces: Tensor[N, *piece], layout: distributed.Layout,
+           matrix_update: Callable[[Tensor[k, *shape]], Tensor[k, *shape]]) -> Tensor[N, *piece]
+  validate(where: str, group) -> None      the algorithm's own options and parameter ranks;
+                                           ValueError/TypeError naming `where` and the option
+  check_layout(where: str, index: int, p: DTensor) -> None   an algorithm's extra DTensor rule
+
+`select` and `orthogonalize` see whole matrices (on their owner rank when distributed), so a
+selection made from the whole matrix is layout invariant; they are stateless (state updates
+belong to `direction` and `postprocess`, which run on every rank on its local data). Stages
+must not raise on options and inputs their record's `validate` accepted: every check runs
+before the first write of a step.
+
+State: `state` lists every key a parameter of the algorithm holds, with its shape as a function
+of the parameter's global shape and the group (None: a step count, a Python int). Missing keys
+are created as zeros before `direction` runs, placed like the parameter (a DTensor with the
+parameter's mesh and placements when it is one), in its dtype and device; checkpoints are
+validated against the same list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from optimizers import distributed
+from optimizers.matrix_view import as_matrices
+
+Group = dict[str, Any]
+State = dict[str, Any]
+Expand = Callable[[torch.Tensor], torch.Tensor]
+Direction = Callable[[torch.Tensor, State, Group], torch.Tensor]
+Select = Callable[[torch.Tensor, Group], tuple[torch.Tensor, Expand]]
+Orthogonalize = Callable[[torch.Tensor, Group], torch.Tensor]
+Postprocess = Callable[[torch.Tensor, list[State], Group], torch.Tensor]
+LrScale = Callable[[tuple[int, ...], Group], float]
+Apply = Callable[[torch.Tensor, torch.Tensor, State, Group, float], None]
+Exchange = Callable[[torch.Tensor, distributed.Layout, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+Validate = Callable[[str, Group], None]
+CheckLayout = Callable[[str, int, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class StateKey:
+    """One entry of a parameter's state: `shape(param_shape, group)` gives the shape of its tensor,
+    placed like the parameter; `shape=None` marks a step count (a non-negative Python int).
+    `nonnegative`: every value must be >= 0 (a second moment)."""
+
+    name: str
+    shape: Callable[[tuple[int, ...], Group], tuple[int, ...]] | None
+    nonnegative: bool = False
+
+
+def parameter_shape(shape: tuple[int, ...], group: Group) -> tuple[int, ...]:
+    """Shape of a state tensor shaped like its parameter."""
+    return shape
+
+
+def select_all(mats: torch.Tensor, group: Group) -> tuple[torch.Tensor, Expand]:
+    """Select stage of Muon: every matrix whole."""
+    return mats, _unchanged
+
+
+def _unchanged(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def no_postprocess(updates: torch.Tensor, states: list[State], group: Group) -> torch.Tensor:
+    """Post-processing stage of Muon: none."""
+    return updates
+
+
+def unit_lr_scale(shape: tuple[int, ...], group: Group) -> float:
+    """lr scale stage of an elementwise algorithm: 1."""
+    return 1.0
+
+
+def decoupled_apply(x: torch.Tensor, update: torch.Tensor, state: State, group: Group, scale: float) -> None:
+    """X <- X (1 - lr wd);  X <- X - lr scale update."""
+    x.mul_(1.0 - group["lr"] * group["weight_decay"])
+    x.add_(update, alpha=-group["lr"] * scale)
+
+
+def no_layout_rule(where: str, index: int, p: torch.Tensor) -> None:
+    """Layout stage of an algorithm that takes every layout distributed Muon supports."""
+
+
+@dataclass(frozen=True, eq=False)
+class Algorithm:
+    """One optimizer algorithm (see the module docstring for the stages and their signatures).
+
+    name: what groups and checkpoints call it; defaults: its group options and their defaults;
+    state: the state keys of each of its parameters. Records compare by identity.
+    """
+
+    name: str
+    defaults: Mapping[str, Any]
+    validate: Validate
+    state: tuple[StateKey, ...]
+    direction: Direction
+    orthogonalize: Orthogonalize | None
+    select: Select = select_all
+    postprocess: Postprocess = no_postprocess
+    lr_scale: LrScale = unit_lr_scale
+    apply: Apply = decoupled_apply
+    exchange: Exchange = distributed.exchange
+    check_layout: CheckLayout = no_layout_rule
+
+    @property
+    def elementwise(self) -> bool:
+        """True for an algorithm without matrix stages (AdamW)."""
+        return self.orthogonalize is None
+
+    def matrix_update(self, group: Group) -> Callable[[torch.Tensor], torch.Tensor]:
+        """stack [k, *shape] of whole members -> their updates [k, *shape]: matrix view, select,
+        orthogonalize, expand."""
+        def run(stack: torch.Tensor) -> torch.Tensor:
+            if stack.shape[0] == 0:
+                return stack
+            selected, expand = self.select(as_matrices(stack, group["flatten"]), group)
+            return expand(self.orthogonalize(selected, group)).reshape(stack.shape)
+        return run
+
+    def __repr__(self) -> str:
+        return f"Algorithm({self.name!r})"

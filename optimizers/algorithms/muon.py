@@ -1,0 +1,89 @@
+"""Muon as an algorithm record. Per parameter, with momentum mu, learning rate lr, weight decay wd:
+
+  M <- mu M + G
+  U = G + mu M   (Nesterov)   else   U = M
+  O = orth(U)    per matrix of the parameter's matrix view (optimizers.matrix_view)
+  X <- X (1 - lr wd)
+  X <- X - lr scale O           scale from `adjust_lr` and the matrix view
+"""
+
+from __future__ import annotations
+
+import torch
+
+from optimizers.algorithms.base import Algorithm, Group, State, StateKey, parameter_shape
+from optimizers.coefficients import DEFAULT_STEPS
+from optimizers.distributed import local
+from optimizers.matrix_view import ADJUST_LR, lr_scale
+from optimizers.gram_newton_schulz import RESTARTS
+from optimizers.orthogonalize import ORTHOGONALIZERS, SCHEDULES, orthogonalize
+from optimizers.validation import check_params, check_real
+
+COMPUTE_DTYPES = (None, torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def default_compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on CUDA (tensor cores), fp32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def validate_muon(where: str, group: Group) -> None:
+    """Options of a Muon group: parameters of 2+ dims, momentum in [0, 1), the orthogonalizer's options."""
+    check_params(where, group["params"], 2)
+    check_real(where, "momentum", group["momentum"], 0.0, 1.0, high_open=True)
+    check_real(where, "eps", group["eps"], 0.0)
+    if group["adjust_lr"] not in ADJUST_LR:
+        raise ValueError(f"{where}: unknown adjust_lr {group['adjust_lr']!r}; expected one of {ADJUST_LR}")
+    if group["orthogonalizer"] not in ORTHOGONALIZERS:
+        raise ValueError(f"{where}: unknown orthogonalizer {group['orthogonalizer']!r}; "
+                         f"expected one of {ORTHOGONALIZERS}")
+    steps = group["ns_steps"]
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"{where}: ns_steps must be a positive integer or None, got {steps!r}")
+    coefficients, restarts = group["ns_coefficients"], group["gram_restarts"]
+    if coefficients is not None and (group["orthogonalizer"] != "gram_newton_schulz" or coefficients not in SCHEDULES):
+        raise ValueError(f"{where}: ns_coefficients={coefficients!r} chooses the schedule of "
+                         f"orthogonalizer='gram_newton_schulz' only, one of {SCHEDULES} (or None: {SCHEDULES[0]})")
+    if not isinstance(restarts, (tuple, list)) or any(
+            isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in restarts):
+        raise ValueError(f"{where}: gram_restarts must be a tuple of step indices >= 0, got {restarts!r}")
+    if group["compute_dtype"] not in COMPUTE_DTYPES:
+        raise ValueError(f"{where}: compute_dtype {group['compute_dtype']!r} is not one of {COMPUTE_DTYPES}")
+    for flag in ("nesterov", "flatten"):
+        if not isinstance(group[flag], bool):
+            raise TypeError(f"{where}: {flag} must be a bool, got {group[flag]!r}")
+
+
+def momentum_direction(grad: torch.Tensor, state: State, group: Group) -> torch.Tensor:
+    """M <- mu M + G (in place); returns G + mu M with Nesterov, else M."""
+    g, buf = local(grad), local(state["momentum_buffer"])
+    buf.mul_(group["momentum"]).add_(g)
+    return g.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
+
+
+def orthogonalize_group(mats: torch.Tensor, group: Group) -> torch.Tensor:
+    """orth of every matrix of `mats` [B, m, n] with the group's orthogonalizer, steps, eps and
+    compute dtype, returned in `mats`' dtype."""
+    compute = group["compute_dtype"] or default_compute_dtype(mats.device)
+    return orthogonalize(mats, group["orthogonalizer"], group["ns_steps"] or DEFAULT_STEPS, group["eps"], compute,
+                         group["ns_coefficients"], tuple(group["gram_restarts"]))
+
+
+def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
+    """lr multiplier of a parameter of `shape`: `adjust_lr` on the fans of its matrix view."""
+    return lr_scale(shape, group["flatten"], group["adjust_lr"])
+
+
+MOMENTUM = StateKey("momentum_buffer", parameter_shape)
+
+MUON = Algorithm(
+    name="muon",
+    defaults=dict(momentum=0.95, nesterov=False, adjust_lr="spectral_norm", flatten=False,
+                  orthogonalizer="polar_express", ns_steps=None, compute_dtype=None, eps=1e-7,
+                  ns_coefficients=None, gram_restarts=RESTARTS),
+    validate=validate_muon,
+    state=(MOMENTUM,),
+    direction=momentum_direction,
+    orthogonalize=orthogonalize_group,
+    lr_scale=matrix_lr_scale,
+)

@@ -1,0 +1,118 @@
+"""Gram Newton–Schulz: the polynomial iteration run on the small Gram matrix.
+
+A polynomial step X <- p(X Xᵀ) X with p(R) = aI + bR + cR² (wide X, m <= n) keeps X = Q X0
+with Q a polynomial in R0 = X0 X0ᵀ, so the iteration can run on the m x m matrices alone:
+
+  Z = bR + cR²;   Q <- Q (aI + Z);   R <- (aI + Z) R (aI + Z)
+
+and only the last step touches the rectangular X again (X = Q X0). That costs O(m² n) for the
+two products with X0 and O(m³) per step, instead of O(m² n) per step (Dao AI Lab, "Gram
+Newton-Schulz", 2026; DeepSpeed 0.19.8 made it its default). In exact arithmetic it equals the
+standard iteration, so its oracle is the same spectral map.
+
+In half precision R accumulates rounding that shows up as spurious negative eigenvalues, which
+the polynomials amplify; a *restart* before step i re-forms X = Q X and R = X Xᵀ from scratch.
+The published versions compute in fp16 and restart before step 2 (`RESTARTS`). Square matrices
+take the standard iteration (no FLOP advantage), as the published versions do. A result that is
+not finite, or whose Frobenius norm exceeds `DIVERGED` times the largest one a converging
+schedule can give, is recomputed with the standard iteration; `GramStats` counts those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+Coefficients = tuple[float, float, float]
+
+RESTARTS: tuple[int, ...] = (2,)
+"""Restart before step 2: gram-newton-schulz 0.1.6 (`gram_newton_schulz_reset_iterations=[2]`)
+and DeepSpeed 0.19.8 (`restart_at = 2`)."""
+
+DIVERGED = 2.0
+"""A result counts as diverged when ||X||_F > DIVERGED * sqrt(m): every singular value of a
+converging schedule's result lies below ~1.2 (Keller Jordan's quintic peaks near 1.13), so an
+honest result has ||X||_F < 1.2 sqrt(m)."""
+
+
+@dataclass
+class GramStats:
+    """Counts of one orthogonalizer's work: matrices computed by the Gram iteration, and how many
+    of them diverged and were recomputed with the standard iteration."""
+
+    gram: int = 0
+    fallbacks: int = 0
+
+
+STATS = GramStats()
+"""This process's counts for every optimizer's Gram Newton–Schulz (read, or reset, by whoever watches)."""
+
+
+def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.dtype) -> torch.Tensor:
+    """X / (scale ||X||_F + eps) per matrix, formed in at least fp32 and then rounded to
+    `compute_dtype`: an fp16 cast before normalising would overflow gradients above 65504."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    x = x.to(wide)
+    norm = torch.linalg.matrix_norm(x, ord="fro", keepdim=True)
+    return (x / (norm * scale + eps)).to(compute_dtype)
+
+
+def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients]) -> torch.Tensor:
+    """The standard iteration X <- aX + (bA + cA²)X, A = X Xᵀ, on wide matrices x [B, m, n]."""
+    for a, b, c in coefficients:
+        gram = x @ x.mT
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    return x
+
+
+def gram_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], restarts: Sequence[int]) -> torch.Tensor:
+    """The Gram iteration on wide matrices x [B, m, n] (m < n), restarting before each step in `restarts`."""
+    eye = torch.eye(x.size(-2), dtype=x.dtype, device=x.device).expand(x.size(0), -1, -1)
+    r = x @ x.mT
+    q: torch.Tensor | None = None
+    last = len(coefficients) - 1
+    for i, (a, b, c) in enumerate(coefficients):
+        if i in restarts and q is not None:
+            x = q @ x
+            r = x @ x.mT
+            q = None
+        z = torch.baddbmm(r, r, r, beta=b, alpha=c)
+        q = z + a * eye if q is None else torch.baddbmm(q, q, z, beta=a)
+        if i < last and i + 1 not in restarts:
+            rz = torch.baddbmm(r, z, r, beta=a)
+            r = torch.baddbmm(rz, z, rz, beta=a)
+    return x if q is None else q @ x
+
+
+def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], scale: float, eps: float,
+                       compute_dtype: torch.dtype, restarts: Sequence[int] = RESTARTS,
+                       stats: GramStats | None = None) -> torch.Tensor:
+    """orth(x) for a stack x [B, m, n] by Gram Newton–Schulz in `compute_dtype`, returned in x's dtype.
+
+    `coefficients`: one (a, b, c) per step; `scale`, `eps`: the normaliser scale ||X||_F + eps;
+    `restarts`: steps before which X and R are re-formed (0 and indices past the schedule do nothing).
+    """
+    if x.ndim != 3:
+        raise ValueError(f"expected a stack of matrices [B, m, n], got shape {tuple(x.shape)}")
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in restarts):
+        raise ValueError(f"restarts must be non-negative step indices, got {tuple(restarts)}")
+    tall = x.size(-2) > x.size(-1)
+    wide = normalised(x.mT if tall else x, scale, eps, compute_dtype)
+    m, n = wide.shape[-2:]
+    if m == n or wide.numel() == 0:
+        out = standard_steps(wide, coefficients)
+    else:
+        out = gram_steps(wide, coefficients, restarts)
+        norms = torch.linalg.matrix_norm(out.float(), ord="fro")
+        bad = ~torch.isfinite(norms) | (norms > DIVERGED * m**0.5)
+        if stats is not None:
+            stats.gram += out.size(0)
+        if bool(bad.any()):
+            out = out.clone()
+            out[bad] = standard_steps(wide[bad], coefficients)
+            if stats is not None:
+                stats.fallbacks += int(bad.sum())
+    return (out.mT if tall else out).to(x.dtype)

@@ -1,0 +1,27 @@
+"""What a parameter group is: its algorithm record, its options with defaults filled in, and the one
+validator that live groups (at construction and every step) and saved groups (checkpoints) share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimizers.algorithms import Algorithm, resolve
+from optimizers.validation import check_real
+
+
+def filled(index: int, defaults: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+    """`group` with missing options taken from the optimizer's `defaults`, then from its algorithm
+    record's defaults (options the optimizer does not name, e.g. those of an added algorithm).
+    Raises ValueError for an unknown algorithm."""
+    algorithm = resolve(f"param group {index}", group.get("algorithm", defaults["algorithm"]))
+    return {**algorithm.defaults, **defaults, **group}
+
+
+def check_group(index: int, group: dict[str, Any]) -> Algorithm:
+    """Validate one parameter group with its defaults filled in; returns its algorithm record."""
+    where = f"param group {index}"
+    algorithm = resolve(where, group.get("algorithm"))
+    check_real(where, "lr", group["lr"], 0.0)
+    check_real(where, "weight_decay", group["weight_decay"], 0.0)
+    algorithm.validate(where, group)
+    return algorithm

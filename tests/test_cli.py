@@ -1,0 +1,215 @@
+"""The command line: usage errors are one line and exit 2 before any case runs; stored runs are
+only compared when comparable; outputs never land inside a run being read; `list`; progress;
+an interrupted run is written and marked incomplete."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+import harness.cli as cli
+from harness.progress import Progress
+from reports.records import Record, RunInfo
+from reports.store import save_run
+
+ROOT = Path(__file__).parent.parent
+CASE = "muon/conv1d-8x4x5/mb2/flat/fp32@fp32/ns/rms_norm/nesterov/wd0.1/steps1/gaussian/seed0"
+OTHER = "muon/conv1d-8x4x5/mb2/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0/steps3/lowrank/seed0"
+INFO = RunInfo(target="ours [ours] 0.1.0", tier="ci", backends="cpu", command="python -m harness run",
+               started="2025-01-02T03:04:05+00:00", seconds=1.0, torch_version="2.13.0+cpu", commit="abc1234")
+
+
+def rec(case_id: str, status: str = "pass", ratio: float = 0.5, **overrides: object) -> Record:
+    fields = dict(check="reference", target="ours", backend="cpu", world_size=1, layout="single", optimizer="muon",
+                  layer="conv1d", shape="8x4x5", megabatch=2, flatten=True, param_dtype="fp32",
+                  compute_dtype="fp32", orthogonalizer="ns")
+    fields.update(overrides)
+    return Record(case_id=case_id, status=status, ratio=ratio, **fields)  # type: ignore[arg-type]
+
+
+def stored(path: Path, records: list[Record], **info: object) -> Path:
+    save_run(records, dataclasses.replace(INFO, **info), path)
+    return path
+
+
+@pytest.fixture
+def no_case_runs(monkeypatch):
+    """Fail the test if the CLI starts running cases."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a case ran although the command line was bad")
+
+    monkeypatch.setattr(cli, "run", refuse)
+
+
+def usage_error(capsys, argv: list[str]) -> str:
+    """Run the CLI, expect exit status 2 and exactly one line on stderr; return that line."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_an_unusable_out_is_a_usage_error_before_any_case_runs(tmp_path, capsys, no_case_runs):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "exists and is not a directory" in usage_error(capsys, ["run", "--select", CASE, "--out", str(a_file)])
+    assert "cannot write there" in usage_error(capsys, ["run", "--select", CASE, "--out", str(a_file / "sub")])
+    assert "cannot write there" in usage_error(capsys, ["run", "--select", CASE, "--out", "/proc/harness-out"])
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert "cannot write there" in usage_error(capsys, ["run", "--select", CASE, "--out", str(locked)])
+
+
+def test_a_missing_baseline_is_a_usage_error_before_any_case_runs(tmp_path, capsys, no_case_runs):
+    line = usage_error(capsys, ["run", "--select", CASE, "--baseline", str(tmp_path / "none"),
+                                "--out", str(tmp_path / "out")])
+    assert "none: not a directory" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_target_that_raises_on_import_is_a_usage_error(tmp_path, capsys, monkeypatch, no_case_runs):
+    (tmp_path / "broken_target.py").write_text("raise RuntimeError('cannot find my GPU kernels')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = usage_error(capsys, ["run", "--target", "broken_target:target", "--out", str(tmp_path / "out")])
+    assert "broken_target:target" in line and "RuntimeError: cannot find my GPU kernels" in line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--backend", "cpu,cpu"], "names cpu more than once"),
+    (["run", "--growth", "nan"], "argument --growth: expected a finite number >= 1, got 'nan'"),
+    (["run", "--growth", "0.5"], "expected a finite number >= 1"),
+    (["diff", "a", "b", "--growth", "inf"], "expected a finite number >= 1, got 'inf'"),
+    (["run", "--timeout", "0"], "argument --timeout: expected a finite number > 0"),
+    (["run", "--timeout", "nan"], "argument --timeout"),
+    (["list", "--select", "conv2d-8x4x3x4/mb3"], "nearest: conv2d-8x4x3x3/mb3"),
+])
+def test_bad_options_are_one_line_usage_errors(tmp_path, capsys, no_case_runs, argv, message):
+    assert message in usage_error(capsys, [*argv, *(["--out", str(tmp_path / "o")] if argv[0] != "list" else [])])
+
+
+def test_runs_of_different_tiers_or_targets_are_not_compared_unless_forced(tmp_path, capsys):
+    base = stored(tmp_path / "base", [rec(CASE)])
+    nightly = stored(tmp_path / "nightly", [rec(CASE)], tier="nightly")
+    other = stored(tmp_path / "other", [rec(CASE, target="torch")])
+    line = usage_error(capsys, ["diff", str(base), str(nightly), "--out", str(tmp_path / "d")])
+    assert "not comparable (tier 'ci' vs 'nightly')" in line and "--force" in line
+    assert "targets 'ours' vs 'torch'" in usage_error(capsys, ["diff", str(base), str(other), "--out",
+                                                               str(tmp_path / "d")])
+    assert not (tmp_path / "d").exists()
+    assert cli.main(["diff", str(base), str(other), "--out", str(tmp_path / "d"), "--force"]) == 1  # vanished pass
+    assert (tmp_path / "d" / "diff.md").exists()
+    assert cli.main(["diff", str(base), str(base), "--out", str(tmp_path / "same")]) == 0
+
+
+def test_an_incomplete_or_differently_selected_run_is_not_comparable(tmp_path, capsys):
+    base = stored(tmp_path / "base", [rec(CASE), rec(OTHER)])
+    part = stored(tmp_path / "part", [rec(CASE)], interrupted="SIGTERM after 1 of 2 cases")
+    chosen = stored(tmp_path / "chosen", [rec(CASE)], selection=("steps1",))
+    assert "complete True vs False" in usage_error(capsys, ["diff", str(base), str(part), "--out", str(tmp_path / "d")])
+    assert "selection '(all)' vs 'steps1'" in usage_error(capsys, ["diff", str(base), str(chosen), "--out",
+                                                                   str(tmp_path / "d")])
+
+
+def test_a_baseline_of_another_tier_is_refused_before_any_case_runs(tmp_path, capsys, no_case_runs):
+    nightly = stored(tmp_path / "nightly", [rec(CASE)], tier="nightly")
+    line = usage_error(capsys, ["run", "--select", CASE, "--baseline", str(nightly), "--out", str(tmp_path / "o")])
+    assert "not comparable (tier 'nightly' vs 'ci')" in line
+
+
+def test_run_select_with_a_baseline_compares_only_the_selected_cases(tmp_path, capsys):
+    base, head = tmp_path / "base", tmp_path / "head"
+    assert cli.main(["run", "--select", CASE, "--select", OTHER, "--out", str(base), "--quiet"]) == 0
+    assert cli.main(["run", "--select", CASE, "--baseline", str(base), "--out", str(head), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "no regression" in err and "vanished" not in err, err
+    assert cli.main(["diff", str(base), str(head), "--out", str(tmp_path / "d"), "--force"]) == 1  # the whole base
+
+
+@pytest.mark.parametrize("command", ["diff", "trend"])
+def test_diff_and_trend_write_outside_the_runs_they_read(tmp_path, capsys, monkeypatch, command):
+    base, head = stored(tmp_path / "base", [rec(CASE)]), stored(tmp_path / "head", [rec(CASE)])
+    before = sorted(p.name for p in base.iterdir())
+    for out in (base, head / "sub"):
+        assert "a run this command reads" in usage_error(capsys, [command, str(base), str(head), "--out", str(out)])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([command, str(base), str(head)]) == 0
+    assert (tmp_path / f"{command}-out" / f"{command}.html").exists()
+    assert sorted(p.name for p in base.iterdir()) == before
+
+
+def test_run_refuses_an_out_inside_its_baseline(tmp_path, capsys, no_case_runs):
+    base = stored(tmp_path / "base", [rec(CASE)])
+    assert "a run this command reads" in usage_error(capsys, ["run", "--select", CASE, "--baseline", str(base),
+                                                              "--out", str(base)])
+
+
+def test_list_prints_ids_and_their_count(capsys):
+    assert cli.main(["list", "--select", "conv1d-8x4x5/mb2/flat/fp32@fp32/ns"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert CASE in lines and lines[-1] == f"{len(lines) - 1} cases"
+    assert all(line.startswith(("muon/", "normuon/")) for line in lines[:-1])
+
+
+def test_list_coverage_prints_the_summary_of_cases_coverage(capsys, monkeypatch):
+    assert "needs cases/coverage.py" in usage_error(capsys, ["list", "--select", CASE, "--coverage"])
+    fake = types.ModuleType("cases.coverage")
+    fake.summary = lambda cases: f"covered {len(cases)} case(s)\n"
+    monkeypatch.setitem(sys.modules, "cases.coverage", fake)
+    assert cli.main(["list", "--select", CASE, "--coverage"]) == 0
+    assert capsys.readouterr().out.splitlines() == [CASE, "1 cases", "covered 1 case(s)"]
+
+
+def test_progress_prints_rates_and_time_left_at_least_every_interval_even_inside_a_case():
+    stream = io.StringIO()
+    with Progress(stream, total=4, interval=0.2) as progress:
+        time.sleep(0.75)  # one long first case: the thread still reports
+        progress.case_done("a", [rec("a"), rec("a", status="fail", ratio=3.0)])
+        time.sleep(0.45)
+    lines = stream.getvalue().splitlines()
+    status = [line for line in lines if line.startswith("[")]
+    assert len(status) >= 4, lines
+    assert status[0].startswith("[    0/    4]") and "time left unknown yet" in status[0]
+    assert "  FAIL  reference a  ratio 3" in lines
+    last = status[-1]
+    assert last.startswith("[    1/    4]") and "2 checks, 1 failing" in last
+    rate = float(re.search(r"([\d.]+) cases/s", last).group(1))
+    assert 0.1 < rate <= 1 / 0.75 and re.search(r"[\d.]+ checks/s, ~\d+s left", last), last
+
+
+def test_sigint_writes_the_finished_cases_marked_incomplete(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--select", "linear-12x20", "--out", str(out)],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # the first status line with a finished case (printed within ~10 s)
+        seen.append(line)
+        if re.match(r"\[\s*[1-9]\d*/", line):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGINT, "".join(seen) + rest
+    assert "interrupted by SIGINT after" in rest and "Traceback" not in rest, rest
+    done = int(re.search(r"after (\d+) of (\d+) cases", rest).group(1))
+    context = json.loads((out / "run.json").read_text())
+    assert context["complete"] is False and context["interrupted"].startswith("SIGINT after")
+    assert 0 < context["records"] and len({r.split(",")[0] for r in (out / "results.csv").read_text().splitlines()[1:]}) == done
+    assert "INCOMPLETE" in (out / "summary.md").read_text() and "INCOMPLETE" in (out / "report.html").read_text()
+    assert math.isfinite(context["seconds"])
