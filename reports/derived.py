@@ -1,7 +1,8 @@
 """Values every report derives from records the same way: the run's verdict, and the allowance.
 
   verdict   FAILED if any record is fail or error; NOTHING CHECKED if none passed either
-            (every record unsupported or skipped); else PASSED
+            (every record unsupported or skipped); else PASSED; "INCOMPLETE (why), ... so far"
+            for an interrupted run
   title     "<verdict>: Muon conformance of <target>, <tier> tier", the first line of every report
   allowed   the whole allowance of a check in rel_err's units, rel_err / ratio =
             (rtol ||delta_ref|| + storage_ulps ||ulp(x_ref)||) / ||delta_ref||  (harness.metrics);
@@ -16,19 +17,17 @@ from collections.abc import Iterable
 from reports.records import Record, RunInfo
 
 
-def verdict(records: Iterable[Record]) -> str:
-    """FAILED, PASSED or NOTHING CHECKED (see module doc)."""
+def verdict(records: Iterable[Record], interrupted: str = "") -> str:
+    """FAILED, PASSED or NOTHING CHECKED; for a run `interrupted` (by what) INCOMPLETE first."""
     statuses = {r.status for r in records}
-    if statuses & {"fail", "error"}:
-        return "FAILED"
-    return "PASSED" if "pass" in statuses else "NOTHING CHECKED"
+    outcome = ("FAILED" if statuses & {"fail", "error"} else "PASSED" if "pass" in statuses
+               else "NOTHING CHECKED")
+    return f"INCOMPLETE ({interrupted}), {outcome} so far" if interrupted else outcome
 
 
 def title(records: list[Record], info: RunInfo) -> str:
-    """The report's title: verdict (INCOMPLETE first when the run was interrupted), target (name and
-    version), tier."""
-    outcome = f"INCOMPLETE ({info.interrupted}), {verdict(records)} so far" if info.interrupted else verdict(records)
-    return f"{outcome}: Muon conformance of {info.target}, {info.tier} tier"
+    """The report's title: verdict, target (name and version), tier."""
+    return f"{verdict(records, info.interrupted)}: Muon conformance of {info.target}, {info.tier} tier"
 
 
 def allowed(record: Record) -> float:

@@ -160,12 +160,10 @@ def _header(info: RunInfo, records: list[Record]) -> str:
     )
     if info.interrupted:
         items = (("status", f"<strong>INCOMPLETE</strong>: interrupted by {escape(info.interrupted)}"), *items)
-    outcome = verdict(records)
-    status = {"FAILED": "fail", "PASSED": "pass"}.get(outcome, "skipped")
-    if info.interrupted:
-        outcome = f"INCOMPLETE, {outcome} so far"
-    return (f'<h1><span class="verdict s-{status}">{outcome}</span> Muon conformance of {escape(info.target)}, '
-            f"{escape(info.tier)} tier</h1>\n{context_list(items)}")
+    outcome = verdict(records, info.interrupted)
+    status = "fail" if "FAILED" in outcome else "pass" if outcome == "PASSED" else "skipped"
+    return (f'<h1><span class="verdict s-{status}">{escape(outcome)}</span> Muon conformance of '
+            f"{escape(info.target)}, {escape(info.tier)} tier</h1>\n{context_list(items)}")
 
 
 def _summary(records: list[Record]) -> str:

@@ -119,8 +119,8 @@ def test_ci_runs_the_set_up_commands_verbatim_within_the_constraints():
         assert command in ci, f".ci/run does not run {command!r} verbatim"
     constrain = next(i for i, line in enumerate(ci) if line.startswith("export PIP_CONSTRAINT="))
     assert ".ci/constraints.txt" in ci[constrain]
-    installs = [i for i, line in enumerate(ci) if "pip install" in line and "--upgrade pip" not in line]
-    assert installs and min(installs) > constrain
+    pips = [i for i, line in enumerate(ci) if "pip install" in line]
+    assert len(pips) >= 3 and min(pips) > constrain
     pins = commands((ROOT / ".ci" / "constraints.txt").read_text())
     assert "torch==2.13.0" in pins
 
@@ -232,6 +232,7 @@ def check_allowance(folder: Path, gpus: bool) -> None:
     reference = next(r for r in records(folder / "out-allowance") if r.check == "reference")
     assert reference.status == "pass" and reference.tolerance == 0.002
     assert [f"{v:.2g}" for v in (reference.rel_err, allowed(reference), reference.ratio)] == ["0.064", "0.13", "0.49"]
+    assert "rel_err 0.0641 vs allowed 0.132 (rtol 0.002 + storage rounding)" in reference.message
 
 
 def check_gloo(folder: Path, gpus: bool) -> None:
