@@ -190,6 +190,9 @@ class ConformanceSession:
             except OSError as exc:
                 raise pytest.UsageError(f"--muon-out {self.out}: cannot create it ({exc.strerror})") from None
         self.records: dict[str, list[Record]] = {}
+        self.expected: set[str] = set()
+        """Node ids of the cases this session runs (after -k/-m/--deselect), to tell a complete run."""
+        self.incomplete = ""
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.t0 = time.perf_counter()
 
@@ -212,6 +215,14 @@ class ConformanceSession:
                                              session_plugin=self)
             items.extend(session.genitems(cases))
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.expected = {item.nodeid for item in session.items if isinstance(item, CaseItem)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """The xdist controller collects nothing itself: its workers' collections say what runs."""
+        self.expected = {i for i in ids if i.startswith(tuple(f"muon-{b}::" for b in self.backends))}
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep the records a test carried (on the controller, reports come from every worker)."""
         for key, value in report.user_properties:
@@ -219,7 +230,10 @@ class ConformanceSession:
                 self.records[report.nodeid] = _decode(value)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.out is None or not self.is_controller:
+        if not self.is_controller:
+            return
+        self.incomplete = self._incomplete(session)
+        if self.out is None:
             return
         from harness.outputs import write_run
         from reports import RunInfo
@@ -231,8 +245,17 @@ class ConformanceSession:
         info = RunInfo(target=f"{self.target.name} [{self.spec}] {self.target.version()}", tier=self.tier,
                        backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
                        started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
-                       torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns))
+                       torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns),
+                       interrupted=self.incomplete)
         write_run(records, info, self.target, self.out)
+
+    def _incomplete(self, session: pytest.Session) -> str:
+        """Why some selected case has no records (-x, --maxfail, Ctrl-C, a crash), or "" if none lacks them."""
+        missing = self.expected - self.records.keys()
+        if not missing:
+            return ""
+        why = session.shouldfail or session.shouldstop or "the session ended first"
+        return f"{len(missing)} of {len(self.expected)} cases did not run ({why})"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.is_controller or self.config.option.collectonly:
@@ -245,6 +268,8 @@ class ConformanceSession:
         if self.out is not None:
             line += f"; stored run and report in {self.out}/"
         terminalreporter.write_sep("-", line)
+        if self.incomplete:
+            terminalreporter.write_line(f"muon conformance INCOMPLETE: {self.incomplete}", red=True)
 
 
 def _decode(text: str) -> list[Record]:
