@@ -65,10 +65,10 @@ def command(args: argparse.Namespace) -> int:
         return 2
 
 
-def pr_diff(base_ref: str, head_run: Path | None, out: Path, patterns: list[str], cwd: Path | None = None) -> int:
-    """Steps 1-4 of the module docstring, from the repository containing `cwd` (default: the working
-    directory). Raises PrDiffError on a usage error or an unusable base run."""
-    top = Path(_git(["rev-parse", "--show-toplevel"], cwd or Path.cwd(), "not inside a git repository"))
+def pr_diff(base_ref: str, head_run: Path | None, out: Path, patterns: list[str]) -> int:
+    """Steps 1-4 of the module docstring, from the repository holding the working directory.
+    Raises PrDiffError on a usage error or an unusable base run."""
+    top = Path(_git(["rev-parse", "--show-toplevel"], Path.cwd(), "not inside a git repository"))
     base_sha = _git(["rev-parse", "--verify", "--quiet", f"{base_ref}^{{commit}}"], top,
                     f"--base-ref {base_ref!r} names no commit of {top}")
     if head_run is not None:

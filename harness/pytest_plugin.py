@@ -106,13 +106,15 @@ class CaseItem(pytest.Item):
     def runtest(self) -> None:
         import torch
 
+        from harness import diagnosis
         from harness.runner import run_case
 
         plugin = self.session_plugin
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as the harness runs: deterministic kernels, parallelism from processes
         try:
-            records = run_case(self.case, plugin.target, plugin.spec, self.backend, pictures=plugin.pictures)
+            records = diagnosis.annotate(self.case, plugin.target, run_case(
+                self.case, plugin.target, plugin.spec, self.backend, pictures=plugin.pictures))
         finally:
             torch.set_num_threads(threads)
         self.user_properties.append((PROPERTY, json.dumps([dataclasses.asdict(r) for r in records])))
@@ -196,6 +198,9 @@ class ConformanceSession:
 
         self.pictures = Pictures()
         """This process's worst reference checks; xdist workers send theirs to the controller at the end."""
+        self.expected: set[str] = set()
+        """Node ids of the cases this session runs (after -k/-m/--deselect), to tell a complete run."""
+        self.incomplete = ""
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.t0 = time.perf_counter()
 
@@ -217,6 +222,14 @@ class ConformanceSession:
             cases = BackendCases.from_parent(session, name=f"muon-{name}", nodeid=f"muon-{name}", backend=name,
                                              session_plugin=self)
             items.extend(session.genitems(cases))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.expected = {item.nodeid for item in session.items if isinstance(item, CaseItem)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """The xdist controller collects nothing itself: its workers' collections say what runs."""
+        self.expected = {i for i in ids if i.startswith(tuple(f"muon-{b}::" for b in self.backends))}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep the records a test carried (on the controller, reports come from every worker)."""
@@ -240,6 +253,7 @@ class ConformanceSession:
                 (dataclasses.asdict(r), (e.where, e.judged.tolist(), e.reference.tolist()))
                 for r, e in self.pictures.kept()]
             return
+        self.incomplete = self._incomplete(session)
         if self.out is None:
             return
         from harness.outputs import write_run
@@ -252,8 +266,17 @@ class ConformanceSession:
         info = RunInfo(target=f"{self.target.name} [{self.spec}] {self.target.version()}", tier=self.tier,
                        backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
                        started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
-                       torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns))
+                       torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns),
+                       interrupted=self.incomplete)
         write_run(records, info, self.out, self.pictures)
+
+    def _incomplete(self, session: pytest.Session) -> str:
+        """Why some selected case has no records (-x, --maxfail, Ctrl-C, a crash), or "" if none lacks them."""
+        missing = self.expected - self.records.keys()
+        if not missing:
+            return ""
+        why = session.shouldfail or session.shouldstop or "the session ended first"
+        return f"{len(missing)} of {len(self.expected)} cases did not run ({why})"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.is_controller or self.config.option.collectonly:
@@ -266,6 +289,8 @@ class ConformanceSession:
         if self.out is not None:
             line += f"; stored run and report in {self.out}/"
         terminalreporter.write_sep("-", line)
+        if self.incomplete:
+            terminalreporter.write_line(f"muon conformance INCOMPLETE: {self.incomplete}", red=True)
 
 
 def _decode(text: str) -> list[Record]:

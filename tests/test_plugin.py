@@ -141,6 +141,7 @@ def test_broken_target_fails_its_conv_case_under_xdist(peer, tmp_path):
     by_case = {c: {r.status for r in records if r.case_id == c} for c in SELECTED}
     assert by_case == {LINEAR: {"pass"}, CONV: {"fail", "pass"}, NORMUON: {"unsupported"}}, by_case
     assert context["tier"] == "ci" and "peer_muon.targets:broken" in context["target"]
+    assert context["complete"] and context["selection"] == list(SELECTED)
     for name in ("results.csv", "report.html", "summary.md"):
         assert (out / name).stat().st_size > 0, name
     assert CONV in (out / "report.html").read_text()
@@ -154,8 +155,22 @@ def test_correct_target_passes_without_xdist(peer, tmp_path):
     assert result.returncode == 0, log
     assert outcomes(log) == {"tests/test_theirs.py::test_their_own": "PASSED", f"muon-cpu::{LINEAR}": "PASSED",
                              f"muon-cpu::{CONV}": "PASSED", f"muon-cpu::{NORMUON}": "SKIPPED"}, log
-    records, _ = load_run(out)
+    records, context = load_run(out)
     assert {r.status for r in records if r.case_id != NORMUON} == {"pass"}
+    assert context["complete"], context
+
+
+def test_a_session_stopped_early_stores_an_incomplete_run(peer, tmp_path):
+    """-x stops after the conv case fails: the NorMuon case never runs, and the run says so."""
+    out = tmp_path / "run"
+    result = pytest_in(peer, "-x", "--muon-target=peer_muon.targets:broken", *selection(CONV, NORMUON),
+                       f"--muon-out={out}", "tests/test_theirs.py")
+    log = result.stdout + result.stderr
+    assert result.returncode == 1, log
+    assert "muon conformance INCOMPLETE: 1 of 2 cases did not run (stopping after 1 failures)" in log, log
+    records, context = load_run(out)
+    assert {r.case_id for r in records} == {CONV}
+    assert not context["complete"] and context["interrupted"] == "1 of 2 cases did not run (stopping after 1 failures)"
 
 
 def test_inert_without_target(peer):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import pr_diff
-from reports import COLUMNS, load_run
+from reports import COLUMNS, RunInfo, load_run, save_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,6 +161,22 @@ def test_a_base_run_that_stores_nothing_is_an_error_and_removes_the_worktree(rep
     assert "error: the base base (" in capsys.readouterr().err
     assert len(trees) == 1 and not trees[0].exists() and len(worktrees(repo)) == 1
     assert not (tmp_path / "out" / "diff.md").exists()
+
+
+def test_a_base_run_of_another_commit_is_refused(repo, tmp_path, monkeypatch, capsys):
+    """The base run must record the base's commit: a run made by another checkout's harness (say, the
+    head's, picked up through an installed package) would compare the head with itself."""
+    git(repo, "checkout", "-q", "base")
+    monkeypatch.chdir(repo)
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")
+    info = RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0, torch_version="",
+                   commit="0000000")
+    monkeypatch.setattr(pr_diff, "_harness_run", lambda checkout, out, selection, which: save_run([], info, out))
+    assert pr_diff.command(usage(tmp_path, head_run=head)) == 2
+    assert "the base run records commit 0000000, not base (" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "diff.md").exists() and len(worktrees(repo)) == 1
 
 
 def test_workflow_runs_pr_diff_on_pull_requests():
