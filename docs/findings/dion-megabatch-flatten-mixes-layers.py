@@ -3,6 +3,8 @@ parameters as ONE matrix. With N > 1 parameters of one shape on a single device,
 `muon_update_newton_schulz` receives the stacked [N, *shape] tensor and flattens it with
 `X.flatten(start_dim=1)` into [N, prod(shape)], so every parameter's update depends on the others.
 A parameter stepped next to another must step exactly as it does alone; here it does not.
+The same holds for 2-D weights with flatten=True, and on the distributed path, whose per-rank
+stacks go through the same call (even a single parameter under Shard(1) becomes one row).
 Needs only torch and dion. Prints the relative difference and exits 1 when the defect shows.
 """
 
