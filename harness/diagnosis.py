@@ -4,12 +4,14 @@ the structure of the error, so that the reader of a report need not infer it.
 Rules, first match wins (each names its evidence in the line it writes):
 
   members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others
-  flattened-geometry  equiv2d fails: [out, *rest] does not step as [out, prod(rest)]
+  flattened-geometry  equiv2d fails: [out, *rest] does not step as [out, prod(rest)] (lr-scale
+                      instead when one constant factor explains the error: fans from the wrong dims)
   replicas            replicas fail: ranks applied different updates
   shard-local         local_shard or layout fails while the single-process reference holds:
                       something is computed per shard (orthogonalization, padding, ownership)
   non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
-  normaliser-eps      scale fails alone: the step changes when gradients are scaled by 2^10
+  normaliser-eps      scale fails alone (the step changes when gradients are scaled by 2^10), or
+                      reference fails while scale holds (an error that vanishes at scale)
   weight-decay        the decay relation (probe) fails, or the error lies along the parameter
                       (projection): decay missing, coupled, after the update or with the adjusted lr
   lr-scale            the step is the reference's times one constant (>= 1% off) per parameter
@@ -122,6 +124,9 @@ def _from_pattern(checks: dict[str, Record]) -> str | None:
         return "non-finite: a degenerate gradient leaves NaN/inf in the parameters"
     if _failed(checks, "scale") and _held(checks, "reference"):
         return "normaliser-eps: only the gradients x 2^10 run fails; the normaliser's eps or range"
+    if _failed(checks, "reference") and _held(checks, "scale"):
+        return ("normaliser-eps: the reference fails while the gradients x 2^10 run holds; an error that "
+                "vanishes at scale is the normaliser's eps")
     return None
 
 
@@ -140,6 +145,14 @@ def _from_robust(checks: dict[str, Record]) -> str | None:
     return None
 
 
+def _constant_factor(s: Structure) -> str | None:
+    """The lr-scale diagnosis when one constant factor (>= SCALE_OFF from 1) explains the error."""
+    if abs(s.factor - 1.0) > SCALE_OFF and s.factor_left < EXPLAINED:
+        return (f"lr-scale: the step is {s.factor:.4g} x the reference's (a constant factor explains "
+                f"{1 - s.factor_left:.0%} of the error)")
+    return None
+
+
 def _from_structure(case: Case, s: Structure) -> str:
     errors = ", ".join(f"{e:.2g}" for e in s.errors)
     if s.along_param > 0.5:
@@ -148,9 +161,9 @@ def _from_structure(case: Case, s: Structure) -> str:
     if s.factor_left < EXPLAINED and decay > 0 and abs(s.factor - (1.0 - decay)) < 0.1 * decay:
         return (f"weight-decay: the step is (1 - lr wd) = {s.factor:.6g} x the reference's: decay applied "
                 f"after the update")
-    if abs(s.factor - 1.0) > SCALE_OFF and s.factor_left < EXPLAINED:
-        return (f"lr-scale: the step is {s.factor:.4g} x the reference's (a constant factor explains "
-                f"{1 - s.factor_left:.0%} of the error)")
+    scaled = _constant_factor(s)
+    if scaled:
+        return scaled
     if s.row_left < EXPLAINED:
         return (f"per-row-state: one factor per output row explains {1 - s.row_left:.0%} of the error "
                 f"(row statistics or row normalisation)")
@@ -167,6 +180,12 @@ def diagnose(case: Case, target: Target, records: list[Record]) -> str:
     if all(r.status == "error" for r in records if r.failing):
         return "error: the target raised (see the message)"
     found = _from_pattern(checks)
+    if found and label(found) == "flattened-geometry" and case.layout == "single":
+        try:
+            scaled = _constant_factor(structure(case, target))
+        except Exception:  # the pattern's diagnosis stands
+            scaled = None
+        found = f"{scaled} (equiv2d fails too: the lr fans come from the unflattened shape)" if scaled else found
     if found:
         return found
     if case.layout != "single":

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from cases import Case
+from cases.layouts import piece_sizes, shard_dim
 from harness.targets import controls, distributed_controls
 from harness.targets.base import Target
 from harness.targets.controls import Control
@@ -247,6 +248,12 @@ def _select_flatten_4d_only(mats: torch.Tensor, group: Group) -> tuple[torch.Ten
     return trailing, lambda o: o.reshape(mats.shape)
 
 
+def _split(case: Case) -> bool:
+    """A sharded layout that cuts the parameter into two or more nonempty pieces."""
+    dim = shard_dim(case.layout)
+    return dim is not None and sum(n > 0 for n in piece_sizes(case.shape[dim], case.world_size)) >= 2
+
+
 def _decayed(case: Case) -> bool:
     return case.weight_decay > 0
 
@@ -325,16 +332,18 @@ CATALOG: tuple[Defect, ...] = (
     Defect("flatten-4d-only", _stage("flatten-4d-only", "select", _select_flatten_4d_only), "flattened-geometry",
            lambda c: c.flatten and len(c.shape) in (3, 5), "KellerJordan/Muon flattens only 4-D parameters"),
     Defect("local-shard", distributed_controls.local_shard, "shard-local",
-           lambda c: c.layout.startswith("shard"), "context report 003: tensor-parallel Muon per shard", distributed=True),
+           lambda c: _split(c) and c.grad != "zero", "context report 003: tensor-parallel Muon per shard",
+           distributed=True),
 
     Defect("padding-leak", distributed_controls.padding_leak, "shard-local",
-           lambda c: c.layout.startswith("shard") and c.layout_detail.endswith(("uneven", "empty")),
-           "padding rows of an uneven shard inside the orthogonalized matrix", distributed=True),
+           lambda c: _split(c) and c.layout_detail.endswith(("uneven", "empty")) and c.grad not in ("zero", "huge"),
+           "padding rows (ones) of an uneven shard inside the orthogonalized matrix (invisible under huge gradients)", distributed=True),
 
     Defect("wrong-params", distributed_controls.wrong_params, "shard-local",
-           lambda c: c.layout != "single" and c.megabatch > c.world_size, "results returned to the wrong member", distributed=True),
+           lambda c: c.layout != "single" and c.megabatch > c.world_size and c.grad != "zero",
+           "results returned to the wrong member", distributed=True),
 
-    Defect("no-gather", distributed_controls.no_gather, "replicas", lambda c: c.layout == "replicated",
+    Defect("no-gather", distributed_controls.no_gather, "replicas", lambda c: c.layout == "replicated" and c.grad != "zero",
            "replicas skip the all-gather and drift apart", distributed=True),
 
 )

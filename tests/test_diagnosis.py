@@ -30,6 +30,7 @@ def record(check: str, status: str, case: Case = FP32) -> Record:
     (["local_shard"], ["reference", "layout"], "shard-local"),
     (["finite"], ["reference"], "non-finite"),
     (["scale"], ["reference", "megabatch"], "normaliser-eps"),
+    (["reference"], ["scale", "megabatch"], "normaliser-eps"),
 ])
 def test_pattern_rules(failing, passing, label):
     records = [record(c, "fail") for c in failing] + [record(c, "pass") for c in passing]

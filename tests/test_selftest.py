@@ -22,7 +22,7 @@ def test_catalog_is_large_distinct_and_loadable():
 
 
 def test_defects_are_killed_and_diagnosed_without_false_alarms():
-    chosen = tuple(BY_NAME[n] for n in ("wd-after-update", "pe-coefficient-typo", "normuon-kernel-slice"))
+    chosen = tuple(BY_NAME[n] for n in ("wd-after-update", "lr-spectral-inverted", "flatten-4d-only"))
     outcome = selftest.selftest(limit=2, defects=chosen)
     assert all(len(v) == 2 for v in outcome.verdicts.values()), outcome.verdicts
     assert any(v.bf16 for vs in outcome.verdicts.values() for v in vs)
