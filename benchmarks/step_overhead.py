@@ -7,6 +7,10 @@ pass-through (every module of the package that imported `orthogonalize` gets the
 is left is the host overhead of the step (validation, bucketing, momentum, stacking, apply).
 
   python benchmarks/step_overhead.py [--params 200] [--shape 64 64] [--steps 20] [--threads 1] [--host-only]
+                                     [--no-cache]
+
+`--no-cache` drops the validated plan before every step (Muon re-validates everything, as it did
+before plans were cached); the plan alone (`Muon._plan`, cached and not) is timed too.
 
 `--root DIR` imports `optimizers` from DIR instead (to time another checkout of the package).
 """
@@ -32,6 +36,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--root", default=None)
     parser.add_argument("--host-only", action="store_true")
+    parser.add_argument("--no-cache", action="store_true")
     args = parser.parse_args()
     if args.root:
         sys.path.insert(0, args.root)
@@ -55,7 +60,21 @@ def main() -> None:
     print(f"optimizers from {optimizers.__file__}")
     print(f"{args.params} params of {tuple(args.shape)} fp32, {args.threads} thread(s), {args.steps} steps"
           f"{', orthogonalization stubbed (host only)' if args.host_only else ''}")
-    _report("step()", _timed(opt.step, args.steps))
+    planned = hasattr(opt, "_plan")
+
+    def step() -> None:
+        if args.no_cache and planned:
+            opt._cached = None
+        opt.step()
+
+    def uncached_plan() -> None:
+        opt._cached = None
+        opt._plan()
+
+    _report("step()", _timed(step, args.steps))
+    if planned:
+        _report("plan (cached)", _timed(opt._plan, args.steps))
+        _report("plan (checks)", _timed(uncached_plan, args.steps))
     if not args.host_only:
         _report("orthogonalize", _timed(lambda: orthogonalize(stack, "polar_express", 5, 1e-7, torch.float32),
                                         args.steps))

@@ -17,11 +17,21 @@ def filled(index: int, defaults: dict[str, Any], group: dict[str, Any]) -> dict[
     return {**algorithm.defaults, **defaults, **group}
 
 
+SCALARS = ("lr", "weight_decay")
+"""The options every algorithm has: scalars that shape nothing (no state, no plan), so they are checked
+on every step (schedulers change them) and left out of the plan's cache key (optimizers/plan.py)."""
+
+
+def check_scalars(index: int, group: dict[str, Any]) -> None:
+    """lr and weight_decay are finite and >= 0."""
+    for name in SCALARS:
+        check_real(f"param group {index}", name, group[name], 0.0)
+
+
 def check_group(index: int, group: dict[str, Any]) -> Algorithm:
     """Validate one parameter group with its defaults filled in; returns its algorithm record."""
     where = f"param group {index}"
     algorithm = resolve(where, group.get("algorithm"))
-    check_real(where, "lr", group["lr"], 0.0)
-    check_real(where, "weight_decay", group["weight_decay"], 0.0)
+    check_scalars(index, group)
     algorithm.validate(where, group)
     return algorithm

@@ -15,7 +15,7 @@ import torch
 from optimizers import checkpoint, distributed, plan
 from optimizers.agreement import agree
 from optimizers.algorithms import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, resolve
-from optimizers.groups import check_group, filled
+from optimizers.groups import check_group, check_scalars, filled
 from optimizers.validation import check_layouts
 
 OPTIONS = frozenset(k for a in REGISTRY.values() for k in a.defaults)
@@ -41,14 +41,18 @@ class Muon(torch.optim.Optimizer):
       mesh: None (one process), or the ProcessGroup / 1-D DeviceMesh the parameters are distributed over:
         plain tensors are replicated (DDP), DTensors sharded Shard(d) (FSDP2: d = 0) or replicated;
         every whole matrix is orthogonalized once, on one rank (optimizers/distributed.py). Every rank
-        must step the same parameters (the same ones with gradients) in the same order.
+        must step the same parameters (the same ones with gradients) in the same order; a step where
+        they differ, or that one rank rejects, raises on every rank before any rank writes
+        (optimizers/agreement.py).
       betas, adamw_eps: hyper-parameters of "adamw" groups.
       beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups.
       algorithm: the default group algorithm: a registered name ("muon", "normuon", "adamw") or an
         `Algorithm` record (optimizers/algorithms/base.py).
       options: options of other registered algorithms; a group's missing options default from its record.
 
-    Raises ValueError/TypeError before touching anything on bad options or parameters.
+    Raises ValueError/TypeError before touching anything on bad options or parameters. `step()` is
+    all or nothing: every check runs before its first write (optimizers/plan.py), and the validated
+    plan is reused until a parameter, gradient kind, group option or state entry changes.
     """
 
     _cached: _Cached | None = None  # the last validated plan (a class default: survives copy and pickle)
@@ -118,11 +122,17 @@ class Muon(torch.optim.Optimizer):
         return loss
 
     def _plan(self) -> list[plan.GroupPlan]:
-        """The validated plan of this step: the cached one while its key holds, else a new one."""
+        """The validated plan of this step: the cached one while its key holds (lr and weight_decay
+        checked anew), else a new one; under a process group, only once every rank agrees."""
         key, held = plan.cache_key(self.param_groups, self.state)
         cached, error = self._cached, None
-        if cached is None or cached.key != key:
-            cached = None
+        if cached is not None and cached.key == key:
+            try:
+                for index, group in enumerate(self.param_groups):
+                    check_scalars(index, group)
+            except (ValueError, TypeError) as exc:
+                error = exc
+        else:
             try:
                 plans = plan.make_plan(self.param_groups, self.state, self._group)
             except (ValueError, TypeError) as exc:

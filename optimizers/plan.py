@@ -12,7 +12,8 @@ state and leaves the others stepping exactly as without it.
 
 `cache_key` is what a plan depends on; a plan is reused while the key is unchanged (see
 optimizers/muon.py), so that a step re-validates only when the parameter set, a gradient's kind,
-a group option or a state entry changed.
+a group option or a state entry changed; lr and weight_decay, which schedulers change every
+step and which shape nothing, are checked on every step instead (groups.check_scalars).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 from optimizers import distributed, state as param_state
 from optimizers.algorithms import Algorithm
-from optimizers.groups import check_group
+from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
 
 
@@ -120,8 +121,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> None:
 
 
 def cache_key(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]) -> tuple[tuple, list]:
-    """(key, objects): what a plan depends on, compared with ==: every group option with its type
-    (lists as tuples), every parameter's identity, shape, dtype, device and placements, its gradient's kind
+    """(key, objects): what a plan depends on, compared with ==: every group option but lr and
+    weight_decay (groups.SCALARS, checked on every step instead), with its type (lists as tuples), every parameter's identity, shape, dtype, device and placements, its gradient's kind
     (shape, dtype, device, layout, placements; not its values), and its state entries (a tensor by
     identity, a step count by validity). `objects` are the state tensors named by identity: a cache
     holding them keeps their ids from being reused by other tensors."""
@@ -129,7 +130,7 @@ def cache_key(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]
     objects: list[Any] = []
     for group in param_groups:
         parts.append(tuple((k, type(v), tuple(v) if isinstance(v, list) else v)
-                           for k, v in group.items() if k != "params"))
+                           for k, v in group.items() if k != "params" and k not in SCALARS))
         for p in group["params"]:
             g, entry = p.grad, state.get(p)
             grad = None if g is None else (g.shape, g.dtype, g.device, g.layout, distributed.placements(g))

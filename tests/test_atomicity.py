@@ -183,3 +183,23 @@ def test_a_normuon_optimizer_rejects_a_bad_group_change_before_writing():
     opt.step()
     opt.param_groups[1]["beta2"] = 1.5
     assert failure_changes(opt, opt.step, ValueError, "param group 1: beta2") == []
+
+
+def test_the_plan_is_rebuilt_exactly_when_what_it_checked_changes(monkeypatch):
+    """lr and weight_decay (schedulers) reuse the plan; an option, a gradient's presence or a replaced
+    state buffer rebuild it."""
+    from optimizers import plan
+    built = []
+    make_plan = plan.make_plan
+    monkeypatch.setattr(plan, "make_plan", lambda *args: built.append(1) or make_plan(*args))
+    opt, ps = make(*SHAPES)
+    opt.step()  # the first step created the state, so this one planned again
+    start = len(built)
+    counts = []
+    for change in (lambda: None, lambda: opt.param_groups[0].update(lr=0.01, weight_decay=0.1),
+                   lambda: opt.param_groups[0].update(momentum=0.9), lambda: setattr(ps[1], "grad", None),
+                   lambda: opt.state[ps[0]].update(momentum_buffer=torch.zeros(4, 6))):
+        change()
+        opt.step()
+        counts.append(len(built) - start)
+    assert counts == [0, 0, 1, 2, 3]
