@@ -243,6 +243,7 @@ class ConformanceSession:
         import numpy as np
 
         from harness.checks import Evidence
+        from reports import Record
 
         for record, (where, judged, reference) in getattr(node, "workeroutput", {}).get(PICTURES, []):
             self.pictures.offer(Record(**record), Evidence(where, np.array(judged), np.array(reference)))

@@ -64,9 +64,13 @@ rank-deficiency noise and are left out of `spectrum`."""
 
 def applies(case: Case, compute_dtype: str) -> bool:
     """Whether the robust checks judge `case` run in `compute_dtype`: bf16 involved, a judged gradient
-    kind, one process, and a layer whose noise was measured."""
+    kind, one process, and a layer and algorithm whose noise was measured (Dion2's is not yet)."""
     return ("bf16" in (case.param_dtype, compute_dtype) and case.grad in GRADIENTS and case.layout == "single"
-            and case.layer in _noise_data()["layers"])
+            and case.layer in _noise_data()["layers"] and case.optimizer in _measured_algorithms())
+
+
+def _measured_algorithms() -> set[str]:
+    return {key.split("/", 1)[0] for key in _noise()}
 
 
 def noise_key(case: Case, compute_dtype: str) -> str:

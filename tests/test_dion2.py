@@ -147,9 +147,6 @@ def test_our_dion2_conforms_on_any_case(case):
     assert not bad, [(r.check, r.ratio, r.message) for r in bad]
 
 
-@pytest.mark.xfail(strict=True, reason="optimizers/checkpoint.py validates a saved group against its SAVED "
-                   "algorithm, then keeps the live one: a Dion2 state loads into a Muon group and its momentum "
-                   "is silently dropped (reported to the integrator; the fix compares the algorithm names)")
 def test_a_dion2_state_does_not_load_into_muon():
     p = torch.nn.Parameter(torch.randn(6, 8))
     dion = optimizers.Dion2([p])
