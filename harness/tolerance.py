@@ -5,7 +5,7 @@ A tolerance bounds the normwise relative error of an update (see harness.metrics
   ||err||_F <= rtol ||delta_ref||_F + STORAGE_ULPS ||ulp_param(x_ref)||_F
 
 For member i at step k of a case, judged on device class D:
-  rtol = c(key) * u * max(1, A)
+  rtol = max(c(key) * u * max(1, A), RTOL_FLOOR_UNITS * u(compute))
   u    = unit roundoff of the coarser of the parameter format (the momentum buffer the target keeps)
          and the compute format the target DECLARES (Conventions.compute_dtype);
   A    = amplification of the declared orthogonalizer at the singular values of that step's
@@ -61,6 +61,11 @@ COEFFICIENT_FLOOR = 0.05
 """c of a key whose every measured case was within the storage allowance (measured worst 0):
 a twentieth of a unit roundoff per unit of amplification, 2x the lower end (0.02-0.03) of the measured
 nonzero worsts."""
+
+RTOL_FLOOR_UNITS = 8.0
+"""No step's rtol is below 8 unit roundoffs of the declared compute format: the orthogonalizer's own
+arithmetic costs that much even where A and the measured c are ~0 (a 4-rank Shard(1) piece of a
+rank-1 fp64 SVD step measured 6.5 u, its key's 24 measured cases 0)."""
 
 ILL_CONDITIONED = 30.0
 """Conditioning class "ill": some orthogonalized matrix has s_max / s_min above this. Gaussian directions
@@ -173,14 +178,21 @@ class CasePolicy:
     evidence_note: str
     sensitivities: list[list[Sensitivity]]
 
+    def floor(self) -> float:
+        return RTOL_FLOOR_UNITS * unit_roundoff(self.key.compute_dtype)
+
     def rtol(self, amplification: float) -> float:
-        return self.coefficient * self.u * max(1.0, amplification)
+        return max(self.coefficient * self.u * max(1.0, amplification), self.floor())
 
     def _source(self, s: Sensitivity, prefix: str = "") -> str:
-        return (f"{prefix}derived {self.key}: rtol {self.rtol(s.amplification):.3g} = c {self.coefficient:g} x "
+        rtol = self.rtol(s.amplification)
+        at_floor = rtol == self.floor()
+        floored = f" (floor {RTOL_FLOOR_UNITS:g} u({self.key.compute_dtype}); derived" if at_floor else " ="
+        closing = ")" if at_floor else ""
+        return (f"{prefix}derived {self.key}: rtol {rtol:.3g}{floored} c {self.coefficient:g} x "
                 f"u({self.u_format}) {self.u:.3g} x amplification {max(1.0, s.amplification):.3g} of the "
                 f"orthogonalized direction (condition {s.condition:.3g}); c is {COEFFICIENT_SAFETY:g}x the worst "
-                f"{self.measured.worst:.3g} measured over {self.measured.n} cases ({self.evidence_note})")
+                f"{self.measured.worst:.3g} measured over {self.measured.n} cases ({self.evidence_note}){closing}")
 
     def at(self, member: int, step: int) -> Tolerance:
         """Tolerance of member `member` at step `step` (0-based)."""
