@@ -18,7 +18,7 @@ Cases with an SVD rank cut-off among their singular values are not counted (no r
       [--tier ci|nightly] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
 
 The committed cpu.json was measured with --whole '^[a-z]+/[a-z0-9_]+-[0-9x]+/' --skip '_big-.*/noflat' ... see its "command"
-field: every case of the CI-sized layers (they reach every key a Hypothesis case can), every 12th of the
+field: every case of the CI-sized layers (they reach every key a Hypothesis case can), every 24th of the
 large layers' and none of the large convolutions' noflat ones (thousands of 3x3 kernel matrices, which
 the CI-sized noflat convolutions cover), in the time a 2-core machine shared by many allowed.
 """
