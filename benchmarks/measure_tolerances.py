@@ -1,66 +1,159 @@
-"""Measure optimizers.Muon's error against the FP64 oracle per tolerance-policy key.
+"""Measure the tolerance coefficients of harness/tolerance.py on one device class; write them as data.
 
-Prints, for every (param dtype, compute dtype, orthogonalizer, conditioning class), the
-number of reference checks and the median, 99th percentile and worst rtol each
-case needs (normwise relative error of the update beyond the parameter dtype's
-storage rounding), over a tier's cases (default nightly), and the worst case's id.
-Classes: "well" and "ill" split at tolerance.ILL_CONDITIONED; rank-1 layers (1 x n) apart.
-Ill-posed cases (skipped by the harness) are not counted. These figures back
-the `measured` column of harness/tolerance.py.
+For every case of a tier (a distributed one as its single-process equivalent), optimizers.Muon runs on the device and each step is
+compared with the FP64 oracle. A step needs rtol = (||err|| - storage allowance) / ||delta_ref||;
+divided by u * max(1, A) (harness/sensitivity.py: the amplification at the singular values of the
+direction that step orthogonalizes) that is the step's coefficient c. Per policy key (optimizer,
+param@compute, schedule class, conditioning class) the file records the worst c (the policy uses
+3x it, rounded up to 1-2-5), the median, the number of cases and the worst case's id.
 
-  python benchmarks/measure_tolerances.py [--tier ci|nightly] [--select SUBSTRING]
+Declared compute formats the tiers lack are measured by running the same polynomial cases with
+Muon's compute dtype replaced: fp64 parameters computed in bf16 and in fp16, fp32 and bf16
+parameters computed in fp16 (Gram Newton-Schulz peers compute in fp16). "huge" gradients are left
+out of fp16 (1e10 does not fit its range; the oracle's rounded direction is then infinite).
+Cases with an SVD rank cut-off among their singular values are not counted (no rtol judges them).
+
+  python benchmarks/measure_tolerances.py --device cpu --out harness/tolerance_measured/cpu.json
+  python benchmarks/measure_tolerances.py --device cuda --out harness/tolerance_measured/cuda.json
+      [--tier ci|nightly] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
+
+The committed cpu.json was measured with --whole '^[a-z]+/[a-z0-9_]+-[0-9x]+/' --skip '_big-.*/noflat' ... see its "command"
+field: every case of the CI-sized layers (they reach every key a Hypothesis case can), every 24th of the
+large layers' and none of the large convolutions' noflat ones (thousands of 3x3 kernel matrices, which
+the CI-sized noflat convolutions cover), in the time a 2-core machine shared by many allowed.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
+import datetime
+import json
+import platform
+import re
 import sys
 import time
 from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from cases import tier
-from harness import tolerance
-from harness.checks import reference
-from harness.inputs import make_inputs
-from harness.targets.ours import target
+from cases import Case, tier
+from harness import backends, sensitivity, tolerance
+from harness.checks import reference_steps
+from harness.dtypes import TORCH_DTYPES
+from harness.inputs import f64, make_inputs
+from harness.metrics import compare_step
+from harness.targets.ours import OursMuon
+from oracles import Conventions
+
+VARIANTS = {("fp64", "fp32"): ("bf16", "fp16"), ("fp32", "bf16"): ("fp16",), ("bf16", "bf16"): ("fp16",)}
+"""(param, compute) of a tier case -> the other compute formats its polynomial cases are also run in."""
+
+
+class DeclaredCompute(OursMuon):
+    """optimizers.Muon with its compute dtype (and the declared one) replaced by `compute`."""
+
+    def __init__(self, compute: str) -> None:
+        self.compute = compute
+
+    def conventions(self, case: Case) -> Conventions:
+        conv = super().conventions(case)
+        return Conventions(**{**conv.__dict__, "compute_dtype": self.compute})
+
+    def options(self, case: Case) -> dict:
+        return {**super().options(case), "compute_dtype": TORCH_DTYPES[self.compute]}
+
+
+def single(case: Case) -> Case:
+    """The single-process case a distributed one is judged like: its owner orthogonalizes whole matrices."""
+    return dataclasses.replace(case, layout="single", world_size=1)
+
+
+def runs(cases: list[Case]) -> list[tuple[Case, OursMuon]]:
+    """Every case with our Muon, then the declared-compute variants of its polynomial cases."""
+    out: list[tuple[Case, OursMuon]] = [(c, OursMuon()) for c in cases]
+    for c in cases:
+        for compute in VARIANTS.get((c.param_dtype, c.compute_dtype), ()):
+            if c.orthogonalizer != "svd" and not (compute == "fp16" and c.grad == "huge"):
+                out.append((c, DeclaredCompute(compute)))
+    return out
+
+
+def measure(case: Case, target: OursMuon, device: torch.device) -> tuple[tolerance.Key, float] | None:
+    """(policy key, worst coefficient c over the case's steps), or None if an SVD rank cut-off sits
+    among the direction's singular values (no rtol can judge that case)."""
+    inputs = backends.on_device(make_inputs(case), device)
+    traj = target.run(inputs.params, inputs.grads, case)
+    conv = target.conventions(case)
+    sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in inputs.grads])
+    if any(s.ambiguous_rank for row in sens for s in row):
+        return None
+    u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
+    worst = 0.0
+    for n, (_, x_prev, x_new, x_ref) in enumerate(reference_steps(case, target, inputs.params, inputs.grads, traj)):
+        m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, tolerance.STORAGE_ULPS)
+        needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
+        i, k = divmod(n, case.steps)
+        worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
+    return tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=tolerance.DEVICE_CLASSES)
+    parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
     parser.add_argument("--tier", default="nightly", choices=("ci", "nightly"))
-    parser.add_argument("--select", default="", help="only cases whose id contains this")
+    parser.add_argument("--select", nargs="*", default=[], help="only cases whose id contains one of these")
+    parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")
+    parser.add_argument("--whole", default=None, help="cases whose id matches this regular expression are all "
+                        "measured, like the CI tier's")
+    parser.add_argument("--every", type=int, default=1, help="every N-th of the other selected cases (the CI tier is always measured whole)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    # rtol 0 leaves only the storage allowance, so (ratio - 1) / ratio * rel_err is the rtol a case needs.
-    for key in tolerance.POLICY:
-        tolerance.POLICY[key] = tolerance.Entry(0.0, 0.0, "measuring", "")
-    ours = target()
-    errors: dict[tuple[str, str, str, str], list[tuple[float, str]]] = defaultdict(list)
-    # Distributed cases repeat single-process ones; their layouts are judged by their own checks.
-    cases = [c for c in tier(args.tier) if args.select in c.id and c.layout == "single"]
     start = time.perf_counter()
-    for n, case in enumerate(cases, 1):
-        inputs = make_inputs(case)
-        out = reference(case, ours, inputs, ours.run(inputs.params, inputs.grads, case))
-        m = out.metrics
-        if math.isfinite(m.rel_err):
-            needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
-            group = ("rank-1" if case.shape[0] == 1 else
-                     "ill" if inputs.condition > tolerance.ILL_CONDITIONED else "well")
-            errors[(case.param_dtype, case.compute_dtype, case.orthogonalizer, group)].append((needed, case.id))
-        if n % 200 == 0:
-            print(f"[{n}/{len(cases)}] {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
-    print(f"{'param@compute':14} {'orthogonalizer':14} {'class':9} {'n':>5} {'median':>9} {'p99':>9} "
-          f"{'worst':>9}  worst case")
-    for (pd, cd, orth, grad), values in sorted(errors.items()):
-        v = np.array([e for e, _ in values])
-        worst = max(values)[1]
-        print(f"{pd + '@' + cd:14} {orth:14} {grad:9} {v.size:5d} {np.median(v):9.2e} {np.quantile(v, 0.99):9.2e} "
-              f"{v.max():9.2e}  {worst}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device visible")
+    device = backends.get(args.device).device()
+    torch.set_num_threads(1)
+    ci = set(map(single, tier("ci")))
+    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier)))
+              if (not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))]
+    whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
+    cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
+    todo = runs(cases)
+    found: dict[tolerance.Key, list[tuple[float, str]]] = defaultdict(list)
+    ill_posed = 0
+    for n, (case, target) in enumerate(todo, 1):
+        got = measure(case, target, device)
+        if got is None:
+            ill_posed += 1
+        else:
+            found[got[0]].append((got[1], case.id + ("" if type(target) is OursMuon else f" computed in {target.compute}")))
+        if n % 100 == 0 or n == len(todo):
+            spent = time.perf_counter() - start
+            print(f"[{n}/{len(todo)}] {spent:.0f}s, ~{spent / n * (len(todo) - n):.0f}s left", file=sys.stderr,
+                  flush=True)
+    entries = {}
+    print(f"{'key':42} {'n':>5} {'median c':>9} {'worst c':>9} {'policy c':>9}  worst case")
+    for key, values in sorted(found.items(), key=lambda kv: str(kv[0])):
+        v = np.array([c for c, _ in values])
+        worst_c, worst_id = max(values)
+        entries[str(key)] = asdict(tolerance.Measurement(float(worst_c), float(np.median(v)), int(v.size), worst_id))
+        print(f"{str(key):42} {v.size:5d} {np.median(v):9.3g} {worst_c:9.3g} {tolerance.coefficient(worst_c):9.3g}  "
+              f"{worst_id}")
+    seconds = time.perf_counter() - start
+    name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+    meta = {"command": "python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
+            "cases": len(cases), "runs": len(todo), "ill_posed_not_counted": ill_posed,
+            "seconds": round(seconds, 1), "entries": entries}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out}: {len(entries)} keys from {len(todo)} runs ({ill_posed} ill-posed, not counted) "
+          f"in {seconds:.0f}s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -144,10 +144,13 @@ def scope_dependence(case: Case, target: Target, inputs: Inputs, pieces: Pieces)
 
 def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
     """Each rank's piece vs the same piece of the FP64 reference step (empty pieces hold nothing to judge)."""
-    why = tolerance.ill_posed(case, inputs.condition)
+    try:
+        policy = checks.policy(case, target, inputs)
+    except tolerance.NoEntry as gap:
+        return Outcome("local_shard", checks.NO_METRICS, None, str(gap), unsupported=True)
+    why = policy.ill_posed()
     if why:
         return Outcome("local_shard", checks.NO_METRICS, None, why, skipped=True)
-    tol = tolerance.for_case(case, inputs.condition, target.conventions(case).compute_dtype)
     dim = shard_dim(case.layout)
     offsets = _offsets(case) if dim is not None else [0] * (case.world_size + 1)
     margins: list[float] = []
@@ -164,9 +167,10 @@ def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> O
             i, k = divmod(n, case.steps)
             mine = f64(rank[k][i])
             if mine.size:
+                tol = policy.at(i, k)
                 pairs.append((compare_step(x_prev[tuple(index)], mine, x_ref[tuple(index)], case.param_dtype,
-                                           tol.rtol, tol.storage_ulps), f"rank {r} {where}"))
-    metrics, where = checks.worst_of(pairs)
+                                           tol.rtol, tol.storage_ulps), f"rank {r} {where}", tol))
+    metrics, where, tol = checks.worst_judged(pairs)
     return Outcome("local_shard", metrics, tol, checks.describe(metrics, where, tol))
 
 

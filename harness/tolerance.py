@@ -1,37 +1,162 @@
-"""The tolerance policy: one table keyed by (parameter dtype, compute dtype,
-orthogonalizer), each entry with its reason and the measured errors behind it.
+"""The tolerance policy: an rtol per reference step, derived from the spectrum of the matrix the
+step orthogonalizes, scaled by a coefficient measured per class of the declared arithmetic.
 
 A tolerance bounds the normwise relative error of an update (see harness.metrics):
   ||err||_F <= rtol ||delta_ref||_F + STORAGE_ULPS ||ulp_param(x_ref)||_F
-Relations between two runs of the same inputs (megabatch, equivalent 2-D) use the same entry
-doubled (each run may sit rtol away from the truth on opposite sides), except
-runs of the same arithmetic in fp64, which must agree bitwise.
 
-The `measured` column is the worst rtol optimizers.Muon needed against the FP64
-oracle over the nightly tier on CPU (benchmarks/measure_tolerances.py); each rtol
-sits at least 2x above it. Overrides change an entry for matching cases and say so
-in every record's tolerance_source.
+For member i at step k of a case, judged on device class D:
+  rtol = max(c(key) * u * max(1, A), RTOL_FLOOR_UNITS * u(compute))
+  u    = unit roundoff of the coarser of the parameter format (the momentum buffer the target keeps)
+         and the compute format the target DECLARES (Conventions.compute_dtype);
+  A    = amplification of the declared orthogonalizer at the singular values of that step's
+         direction U (harness/sensitivity.py): slopes and cancellation of a polynomial schedule,
+         s_max / s_min of the kept singular values for the polar factor;
+  c    = coefficient of the key (optimizer, param@compute, schedule class, conditioning class),
+         COEFFICIENT_SAFETY x the worst c a correct implementation needed on D, rounded up to two
+         significant digits; measured by benchmarks/measure_tolerances.py into tolerance_measured/<D>.json.
+A device class without its own measurement uses the CPU one and says so in every source.
+
+Not judged (the harness's gap, never the target's fault):
+  - no measurement for the key: the reference check is "unsupported" ("the tolerance policy has no
+    entry for ...");
+  - ill-posed: a derived rtol above ILL_POSED_RTOL (rounding alone could then move the update as
+    far as a real bug does), or an SVD rank cut-off among the singular values: "skipped" with why.
+
+Relations between two runs of the target on the same inputs (megabatch, equivalent 2-D) use twice
+the worst step's tolerance (each run may sit rtol away from the truth on opposite sides), except
+runs of the same arithmetic in fp64, which must agree bitwise.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
-from typing import Callable
+from functools import cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
 
 from cases import Case, matrix_shape
+from harness.sensitivity import Sensitivity, of_case
+from oracles import Conventions, Orthogonalizer
+from oracles.rounding import machine_epsilon
 
 STORAGE_ULPS = 1.0
 """Writing X <- X(1 - lr wd) - lr s O into the parameter dtype rounds twice, half an ulp each."""
 
+MEASURED_DIR = Path(__file__).with_name("tolerance_measured")
+"""One JSON file per device class, written by benchmarks/measure_tolerances.py."""
+
+DEVICE_CLASSES = ("cpu", "cuda")
+FALLBACK_DEVICE = "cpu"
+
+COEFFICIENT_SAFETY = 2.0
+"""c = 2 x the measured worst, rounded up to two significant digits (2x to 2.1x). No more: in bf16 the
+first-order amplification overestimates the error ~15x uniformly (measured c 0.05-0.07), so a Gaussian
+Polar Express case (A ~ 300) at 2x already sits at rtol ~0.17, below ILL_POSED_RTOL."""
+
+COEFFICIENT_FLOOR = 0.05
+"""c of a key whose every measured case was within the storage allowance (measured worst 0):
+a twentieth of a unit roundoff per unit of amplification, 2x the lower end (0.02-0.03) of the measured
+nonzero worsts."""
+
+RTOL_FLOOR_UNITS = 8.0
+"""No step's rtol is below 8 unit roundoffs of the declared compute format: the orthogonalizer's own
+arithmetic costs that much even where A and the measured c are ~0 (a 4-rank Shard(1) piece of a
+rank-1 fp64 SVD step measured 6.5 u, its key's 24 measured cases 0)."""
+
+ILL_CONDITIONED = 30.0
+"""Conditioning class "ill": some orthogonalized matrix has s_max / s_min above this. Gaussian directions
+of the CI shapes have 3-20; "lowrank" gradients give ~100, "rankdef" ones up to infinity at step 1."""
+
+ILL_POSED_RTOL = 0.25
+"""Above this derived rtol the reference comparison cannot tell rounding from a bug (a megabatch that
+mixes layers moves the update by ~0.7 of its norm, a wrong lr scale by more): skipped as ill-posed."""
+
+STEEP_COEFFICIENT = 8.0
+"""Schedule class "poly-steep": some step has a coefficient above this in magnitude (Polar Express's
+first step: 8.2, -23.6, 17.3), so near s = 1 terms of that size cancel to O(1) and rounding is
+amplified beyond what Keller Jordan's quintic (3.4445, -4.775, 2.0315, class "poly-mild") sees."""
+
+
+def unit_roundoff(fmt: str) -> float:
+    """u = half the machine epsilon of `fmt` (round to nearest)."""
+    return machine_epsilon(fmt) / 2.0
+
+
+def schedule_class(spec: Orthogonalizer) -> str:
+    """"svd", "poly-steep" or "poly-mild" for a declared orthogonalizer, from its own coefficients."""
+    if spec.kind == "svd":
+        return "svd"
+    peak = max((abs(c) for step in spec.schedule for c in step), default=0.0)
+    return "poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild"
+
+
+def conditioning_class(case: Case, sensitivities: Sequence[Sequence[Sensitivity]]) -> str:
+    """"rank-1" for 1 x n matrices (one singular value, at the top of the normalised range), else
+    "well" / "ill" by the worst condition number of the case's orthogonalized directions."""
+    if min(matrix_shape(case.shape, case.flatten)[1:]) == 1:
+        return "rank-1"
+    worst = max((s.condition for row in sensitivities for s in row), default=1.0)
+    return "ill" if worst > ILL_CONDITIONED else "well"
+
 
 @dataclass(frozen=True)
-class Entry:
-    """rtol for well-conditioned gradients; ill_rtol for ill-conditioned ones (ILL_CONDITIONED)."""
+class Key:
+    optimizer: str
+    param_dtype: str
+    compute_dtype: str
+    schedule: str
+    conditioning: str
 
-    rtol: float
-    ill_rtol: float
-    reason: str
-    measured: str
+    def __str__(self) -> str:
+        return f"{self.optimizer} {self.param_dtype}@{self.compute_dtype}/{self.schedule}/{self.conditioning}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Worst (and median) coefficient c = needed rtol / (u max(1, A)) over n measured cases."""
+
+    worst: float
+    median: float
+    n: int
+    worst_case: str
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A measurement file: where and how it was measured, and its entries by str(Key)."""
+
+    device: str
+    meta: dict
+    entries: dict[str, Measurement]
+
+
+@cache
+def evidence(device: str) -> Evidence | None:
+    """The measurement of device class `device`, or None if there is none."""
+    path = MEASURED_DIR / f"{device}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    entries = {k: Measurement(**v) for k, v in data.pop("entries").items()}
+    return Evidence(device, data, entries)
+
+
+def coefficient(worst: float) -> float:
+    """c of a key from its measured worst: COEFFICIENT_SAFETY x worst rounded up to two significant
+    digits, or COEFFICIENT_FLOOR when nothing was measured above the storage allowance."""
+    if worst <= 0.0:
+        return COEFFICIENT_FLOOR
+    target = COEFFICIENT_SAFETY * worst
+    step = 10.0 ** (math.floor(math.log10(target)) - 1)
+    return math.ceil(target / step * (1 - 1e-12)) * step
+
+
+class NoEntry(LookupError):
+    """The policy has no measurement for a key: a gap of the harness, never of the target."""
 
 
 @dataclass(frozen=True)
@@ -42,122 +167,90 @@ class Tolerance:
 
 
 @dataclass(frozen=True)
-class Override:
-    """A change of the policy rtol for the cases where `applies(case, compute_dtype)` holds.
+class CasePolicy:
+    """The tolerances of one case's reference steps: rtol = coefficient * u * max(1, A[i][k])."""
 
-    factor > 1 loosens, < 1 tightens; either way the record's tolerance_source says so and why.
-    """
+    key: Key
+    u: float
+    u_format: str
+    coefficient: float
+    measured: Measurement
+    evidence_note: str
+    sensitivities: list[list[Sensitivity]]
 
-    applies: Callable[[Case, str], bool]
-    factor: float
-    reason: str
-    measured: str
+    def floor(self) -> float:
+        return RTOL_FLOOR_UNITS * unit_roundoff(self.key.compute_dtype)
 
+    def rtol(self, amplification: float) -> float:
+        return max(self.coefficient * self.u * max(1.0, amplification), self.floor())
 
-def _rank_one_polar_express_bf16(case: Case, compute_dtype: str) -> bool:
-    rank_one = min(matrix_shape(case.shape, case.flatten)[1:]) == 1
-    return rank_one and case.orthogonalizer == "polar_express" and compute_dtype == "bf16"
+    def _source(self, s: Sensitivity, prefix: str = "") -> str:
+        rtol = self.rtol(s.amplification)
+        at_floor = rtol == self.floor()
+        floored = f" (floor {RTOL_FLOOR_UNITS:g} u({self.key.compute_dtype}); derived" if at_floor else " ="
+        closing = ")" if at_floor else ""
+        return (f"{prefix}derived {self.key}: rtol {rtol:.3g}{floored} c {self.coefficient:g} x "
+                f"u({self.u_format}) {self.u:.3g} x amplification {max(1.0, s.amplification):.3g} of the "
+                f"orthogonalized direction (condition {s.condition:.3g}); c is {COEFFICIENT_SAFETY:g}x the worst "
+                f"{self.measured.worst:.3g} measured over {self.measured.n} cases ({self.evidence_note}){closing}")
 
+    def at(self, member: int, step: int) -> Tolerance:
+        """Tolerance of member `member` at step `step` (0-based)."""
+        s = self.sensitivities[member][step]
+        return Tolerance(self.rtol(s.amplification), STORAGE_ULPS, self._source(s))
 
-ILL_CONDITIONED = 30.0
-"""A case is ill-conditioned when some gradient matrix has s_max/s_min above this: its small
-singular values sit where the polynomial is steep (f'(0) ~ 490 for the quintic, ~970 for Polar
-Express) and the SVD's singular vectors are sensitive. Gaussian matrices of the CI shapes have
-condition 3-8; the "lowrank" gradients have 100, "rankdef" ones infinity; small square ones vary."""
+    def worst(self) -> Sensitivity:
+        return max((s for row in self.sensitivities for s in row), key=lambda s: s.amplification)
 
-ILL_POSED_BF16 = 2.0**8
-"""Above this condition number (1/u of bf16) with bf16 in the case, the smallest singular values
-are below bf16's resolution: rounding fills them with noise that the polynomial maps to O(1)
-values (measured rtol needed 0.34-0.43 for rank-deficient gradients), so the reference comparison
-is ill-posed and is skipped (finiteness is still judged)."""
-
-_F64 = "fp64 arithmetic (u = 1.1e-16), error grows with the polynomial's slope"
-_F32 = "fp32 arithmetic (u = 6e-8), five matrix-polynomial steps"
-_B16P = "bf16 momentum buffer (u = 2^-9) feeds the orthogonalizer; storage rounding has its own term"
-_B16C = "bf16 arithmetic (u = 2^-9) in every Gram product and polynomial step"
-
-POLICY: dict[tuple[str, str, str], Entry] = {
-    # (param, compute, orthogonalizer): Entry(rtol, ill_rtol, reason, measured worst: well / ill)
-    ("fp64", "fp64", "newton_schulz"): Entry(1e-14, 1e-13, _F64, "4.3e-15 / 3.3e-14"),
-    ("fp64", "fp64", "polar_express"): Entry(5e-14, 2e-13, _F64, "1.3e-14 / 7.0e-14"),
-    ("fp64", "fp64", "svd"): Entry(5e-15, 5e-14, "LAPACK vs torch SVD in fp64", "1.8e-15 / 2.4e-14"),
-    ("fp64", "fp32", "newton_schulz"): Entry(5e-6, 5e-5, _F32, "1.8e-6 / 1.0e-5"),
-    ("fp64", "fp32", "polar_express"): Entry(2e-5, 5e-5, _F32, "5.6e-6 / 1.8e-5"),
-    ("fp64", "fp32", "svd"): Entry(2e-6, 5e-5, "fp32 SVD; small singular gaps rotate vectors", "9.8e-7 / 1.3e-5"),
-    ("fp32", "fp32", "newton_schulz"): Entry(5e-6, 5e-5, _F32, "1.2e-6 / 9.6e-6"),
-    ("fp32", "fp32", "polar_express"): Entry(2e-5, 5e-5, _F32, "5.2e-6 / 1.8e-5"),
-    ("fp32", "fp32", "svd"): Entry(2e-6, 5e-5, "fp32 SVD; small singular gaps rotate vectors", "5.3e-7 / 1.3e-5"),
-    ("fp32", "bf16", "newton_schulz"): Entry(0.1, 0.2, _B16C, "2.8e-2 / 7.3e-2"),
-    ("fp32", "bf16", "polar_express"): Entry(0.2, 0.25, _B16C + "; Polar Express's first step has larger "
-                                             "coefficients, so more cancellation", "9.5e-2 / 1.1e-1"),
-    ("bf16", "fp32", "newton_schulz"): Entry(2e-3, 0.2, _B16P, "0 / 5.1e-2"),
-    ("bf16", "fp32", "polar_express"): Entry(5e-3, 0.1, _B16P, "2.4e-3 / 4.3e-2"),
-    ("bf16", "fp32", "svd"): Entry(2e-3, 0.1, _B16P, "0 / 3.6e-2"),
-    ("bf16", "bf16", "newton_schulz"): Entry(5e-2, 0.2, _B16C + "; " + _B16P, "1.5e-2 / 7.7e-2"),
-    ("bf16", "bf16", "polar_express"): Entry(0.2, 0.25, _B16C + "; " + _B16P, "9.4e-2 / 9.6e-2"),
-}
-"""Measured worst: the largest rtol a case needed (benchmarks/measure_tolerances.py, nightly tier,
-2813 cases, CPU, 2026-11-29), over well- / ill-conditioned gradient matrices (ILL_CONDITIONED).
-Each rtol is at least 2x its measured worst, rounded up to 1-2-5 (0.25 where 0.5 would be loose
-enough to pass a layer-mixing bug, whose normwise error is ~0.7)."""
-
-def _normuon_bf16(case: Case, compute_dtype: str) -> bool:
-    rank_one = min(matrix_shape(case.shape, case.flatten)[1:]) == 1
-    return case.optimizer == "normuon" and "bf16" in (case.param_dtype, compute_dtype) and not rank_one
+    def ill_posed(self) -> str | None:
+        """Why comparing this case with its reference is ill-posed, or None."""
+        for row in self.sensitivities:
+            for s in row:
+                if s.ambiguous_rank:
+                    return f"ill-posed: {s.ambiguous_rank}; the kept rank, hence O(1) of the update, is rounding"
+        s = self.worst()
+        if self.rtol(s.amplification) > ILL_POSED_RTOL:
+            return (f"ill-posed: {self._source(s)} exceeds {ILL_POSED_RTOL:g}, where rounding alone moves the "
+                    f"update as far as a wrong update would")
+        return None
 
 
-OVERRIDES: tuple[Override, ...] = (
-    Override(applies=_rank_one_polar_express_bf16, factor=3.0,
-             reason="rank-1 matrix: its one normalised singular value sits at 1/1.01, where Polar Express's "
-                    "first polynomial sums terms of ~20 to ~1.4, and bf16 keeps 8 bits",
-             measured="2.6e-1 (fp32@bf16), 1.6e-1 (bf16@bf16)"),
-    Override(applies=_normuon_bf16, factor=2.0,
-             reason="NorMuon divides each row by sqrt(v) + eps and rescales, so a row whose bf16 rounding "
-                    "error is large relative to its own size carries that error into the whole update",
-             measured="1.3e-1 well / 1.1e-1 ill (bf16@bf16), 1.4e-1 well (fp32@bf16), 7.9e-2 ill (bf16@fp32)"),
-)
+def key_of(case: Case, conv: Conventions, conditioning: str) -> Key:
+    return Key(case.optimizer, case.param_dtype, conv.compute_dtype, schedule_class(conv.orthogonalizer),
+               conditioning)
 
 
-def lookup(param_dtype: str, compute_dtype: str, orthogonalizer: str, ill_conditioned: bool = False) -> Tolerance:
-    """The policy tolerance for one key; KeyError names a key the policy lacks."""
-    key = (param_dtype, compute_dtype, orthogonalizer)
-    if key not in POLICY:
-        raise KeyError(f"tolerance policy has no entry for {key}")
-    entry = POLICY[key]
-    rtol = entry.ill_rtol if ill_conditioned else entry.rtol
-    kind = (f"ill-conditioned gradient (condition > {ILL_CONDITIONED:g}), loosened from {entry.rtol:g}"
-            if ill_conditioned else "well-conditioned gradient")
-    return Tolerance(rtol, STORAGE_ULPS, f"policy {param_dtype}@{compute_dtype}/{orthogonalizer} ({kind}): "
-                                         f"rtol {rtol:g}; {entry.reason}; measured worst {entry.measured}")
+def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]], device: str) -> CasePolicy:
+    """The policy of `case` as a target declaring `conv` runs it on device class `device` (cpu, cuda),
+    from the FP64 gradients grads[k][i]. NoEntry names a key the measurements lack."""
+    if device not in DEVICE_CLASSES:
+        raise ValueError(f"unknown device class {device!r}; expected one of {DEVICE_CLASSES}")
+    sens = of_case(case, conv, grads)
+    key = key_of(case, conv, conditioning_class(case, sens))
+    found, note = evidence(device), f"measured on {device}"
+    if found is None:
+        found, note = evidence(FALLBACK_DEVICE), f"{FALLBACK_DEVICE} measurement used on {device}"
+    if found is None or str(key) not in found.entries:
+        raise NoEntry(f"the tolerance policy has no entry for {key} on {device} "
+                      f"(measure it: benchmarks/measure_tolerances.py --device {device})")
+    measured = found.entries[str(key)]
+    u_format = max((case.param_dtype, conv.compute_dtype), key=unit_roundoff)
+    return CasePolicy(key, unit_roundoff(u_format), u_format, coefficient(measured.worst), measured,
+                      f"{note}, {found.meta.get('date', '?')}", sens)
 
 
-def for_case(case: Case, condition: float, compute_dtype: str | None = None) -> Tolerance:
-    """Tolerance of the reference check of `case` whose gradients have worst condition number
-    `condition` (compute dtype as the target declares it)."""
-    compute = compute_dtype or case.compute_dtype
-    tol = lookup(case.param_dtype, compute, case.orthogonalizer, condition > ILL_CONDITIONED)
-    for override in OVERRIDES:
-        if override.applies(case, compute):
-            verb = "loosened" if override.factor > 1 else "tightened"
-            tol = Tolerance(tol.rtol * override.factor, tol.storage_ulps,
-                            f"{tol.source}; {verb} x{override.factor:g}: {override.reason} "
-                            f"(measured worst {override.measured})")
-    return tol
+EXACT = Tolerance(0.0, 0.0, "exact: two runs of the same arithmetic in fp64 must agree bitwise")
 
 
-def ill_posed(case: Case, condition: float) -> str | None:
-    """Why the reference comparison of `case` is ill-posed, or None."""
-    if condition > ILL_POSED_BF16 and "bf16" in (case.param_dtype, case.compute_dtype):
-        return (f"ill-posed: gradient condition number {condition:.3g} > {ILL_POSED_BF16:g} = 1/u(bf16); its "
-                f"smallest singular values are bf16 rounding noise that the orthogonalizer maps to O(1)")
-    return None
-
-
-def for_relation(case: Case, condition: float, same_arithmetic: bool, compute_dtype: str | None = None) -> Tolerance:
-    """Tolerance of a relation between two runs of the target on the same inputs of `case`;
-    `same_arithmetic`: both runs apply the same kernels (exact in fp64)."""
-    compute = compute_dtype or case.compute_dtype
-    if same_arithmetic and compute == "fp64" and case.param_dtype == "fp64":
-        return Tolerance(0.0, 0.0, "exact: two runs of the same arithmetic in fp64 must agree bitwise")
-    base = for_case(case, condition, compute)
-    return Tolerance(2.0 * base.rtol, 2.0 * base.storage_ulps, f"2 x {base.source}")
+def for_relation(case: Case, policy: CasePolicy, same_arithmetic: bool) -> Tolerance | str:
+    """Tolerance of a relation between two runs of the target on the same inputs of `case`, or why it
+    is ill-posed; `same_arithmetic`: both runs apply the same kernels (exact in fp64)."""
+    if same_arithmetic and policy.key.compute_dtype == "fp64" and case.param_dtype == "fp64":
+        return EXACT
+    worst = policy.worst()
+    rtol = policy.rtol(worst.amplification)
+    if rtol > ILL_POSED_RTOL and not same_arithmetic:
+        return f"ill-posed for two runs with different kernels: {policy._source(worst)}"
+    capped = min(rtol, ILL_POSED_RTOL)
+    note = f" (capped at {ILL_POSED_RTOL:g}: same kernels on the same inputs)" if capped < rtol else ""
+    return Tolerance(2.0 * capped, 2.0 * STORAGE_ULPS, f"2 x {policy._source(worst)}{note}")

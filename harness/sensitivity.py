@@ -1,0 +1,136 @@
+"""How much an orthogonalizer amplifies rounding, read off the spectrum of the matrix it is given.
+
+The tolerance of a reference check is derived from this (harness/tolerance.py): the matrix that
+gets orthogonalized is the momentum / Nesterov direction U, not the gradient, so its singular
+values are computed here from the FP64 momentum the oracle keeps (oracles.momentum_and_direction).
+
+Amplification A of one matrix: the first-order normwise relative error of orth(U) per unit
+roundoff u, i.e. ||orth(U + dU) - orth(U)||_F / ||orth(U)||_F ~ A u.
+
+  polynomial  X0 = U / d has singular values x_i; step k maps y -> p_k(y) = a y + b y^3 + c y^5.
+              Rounding in step k is about u (|a| t + |b| t^3 + |c| t^5) (t = the largest singular
+              value entering step k; large terms that cancel near y = 1 make this large), and it is
+              carried to the end by the slopes |p_j'(y)| of the later steps; a perturbation u t of
+              the input is carried by all of them. Per singular value:
+                e_i = x_max prod_j |p_j'| + sum_k r_k prod_{j>k} |p_j'|,   A = ||e|| / ||f(x)||.
+  svd         U V^T over the kept singular values s > cutoff: its derivative has terms 1/s_i and
+              2/(s_i + s_j), so A = s_max / s_min(kept). A singular value within a factor RANK_GAP
+              of the cut-off makes the rank decision itself depend on rounding: that is reported.
+
+Neither form uses the gradient's condition number: a rank-deficient gradient can give a
+full-rank, ill-conditioned direction (momentum sums gradients of different steps) and vice versa.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from cases import Case
+from oracles import Conventions, MuonHyper, Orthogonalizer, matrix_view, round_to
+from oracles.coefficients import Coefficients
+from oracles.muon_reference import momentum_and_direction
+
+RANK_GAP = 4.0
+"""A singular value in (cutoff / RANK_GAP, cutoff * RANK_GAP) makes the SVD's rank decision ambiguous:
+two correct implementations (or the target and LAPACK) may keep it on one side and drop it on the other,
+which changes orth(U) by O(1). Rounding moves a singular value by a few u s_max, far inside this gap."""
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Of one orthogonalized direction (all matrices of a parameter's view).
+
+    amplification: A above (>= 0); condition: worst s_max / s_min over its matrices (inf if rank-
+    deficient); ambiguous_rank: a note when the SVD cut-off sits among its singular values, else "".
+    """
+
+    amplification: float
+    condition: float
+    ambiguous_rank: str = ""
+
+
+def _steps_forward(schedule: Sequence[Coefficients], x: np.ndarray) -> list[np.ndarray]:
+    """[x, p_1(x), p_2(p_1(x)), ...]: the singular values entering each step, and the result."""
+    ys = [x]
+    for a, b, c in schedule:
+        y = ys[-1]
+        y2 = y * y
+        ys.append(y * (a + y2 * (b + c * y2)))
+    return ys
+
+
+def _row_max(y: np.ndarray) -> np.ndarray:
+    return np.max(np.abs(y), axis=-1, keepdims=True, initial=0.0)
+
+
+def polynomial_errors(schedule: Sequence[Coefficients], x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(e_i per unit roundoff, f(x_i)) for normalised singular values `x` [..., k] (one matrix per row;
+    see the module docstring)."""
+    x = np.asarray(x, dtype=np.float64)
+    ys = _steps_forward(schedule, x)
+    tail = np.ones_like(x)
+    err = np.zeros_like(x)
+    for k in reversed(range(len(schedule))):
+        a, b, c = schedule[k]
+        y = ys[k]
+        t = _row_max(y)
+        err += (abs(a) * t + abs(b) * t**3 + abs(c) * t**5) * tail
+        tail = tail * np.abs(a + 3.0 * b * y * y + 5.0 * c * y**4)
+    err += _row_max(x) * tail
+    return err, ys[-1]
+
+
+def _squares(spec: Orthogonalizer, s: np.ndarray, shape: tuple[int, int]) -> tuple[float, float, str]:
+    """(squared error norm, squared result norm, rank note) of matrices with singular values s [B, k]
+    (descending per row; zero matrices contribute nothing)."""
+    s = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
+    if not s.size:
+        return 0.0, 0.0, ""
+    top = s[:, :1]
+    if spec.kind == "svd":
+        cutoff = spec.rcond_factor * max(shape) * top
+        kept = s > cutoff
+        rank = kept.sum(axis=1)
+        smallest = np.where(kept, s, np.inf).min(axis=1)
+        near = s[(s > cutoff / RANK_GAP) & (s < cutoff * RANK_GAP)]
+        rel = near / np.broadcast_to(top, s.shape)[(s > cutoff / RANK_GAP) & (s < cutoff * RANK_GAP)]
+        note = (f"singular value {rel[0]:.3g} s_max within x{RANK_GAP:g} of the SVD rank cut-off "
+                f"{spec.rcond_factor * max(shape):.3g} s_max" if near.size else "")
+        return float(np.sum(rank * (top[:, 0] / smallest) ** 2)), float(rank.sum()), note
+    frob = top * np.sqrt(np.sum((s / top) ** 2, axis=1, keepdims=True))
+    x = s / np.vectorize(spec.normaliser.denominator)(frob)
+    err, f = polynomial_errors(spec.schedule, x)
+    return float(np.sum(err**2)), float(np.sum(f**2)), ""
+
+
+def of_direction(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> Sensitivity:
+    """Sensitivity of orth(u) for one parameter-shaped direction `u` (already in the compute format)."""
+    mats = matrix_view(np.asarray(u, np.float64), flatten)
+    s = np.linalg.svd(mats, compute_uv=False)
+    err_sq, ref_sq, note = _squares(spec, s, mats.shape[-2:])
+    live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
+    condition = 1.0
+    if live.size:
+        with np.errstate(divide="ignore"):
+            condition = float(np.max(live[:, 0] / live[:, -1]))
+    amplification = math.sqrt(err_sq / ref_sq) if ref_sq > 0.0 else 0.0
+    return Sensitivity(amplification, condition, note)
+
+
+def of_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]]) -> list[list[Sensitivity]]:
+    """out[i][k]: sensitivity at member i, step k, of the direction the FP64 reference orthogonalizes
+    (FP64 momentum of the gradients grads[k][i] in the declared forms, rounded to the declared compute format)."""
+    hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    out = []
+    for i in range(len(grads[0]) if grads else 0):
+        m = np.zeros(case.shape)
+        row = []
+        for step in grads:
+            m, u = momentum_and_direction(m, np.asarray(step[i], np.float64), hyper, conv)
+            row.append(of_direction(round_to(u, conv.compute_dtype), conv.orthogonalizer, case.flatten))
+        out.append(row)
+    return out
