@@ -69,7 +69,7 @@ class DeclaredCompute(OursMuon):
 
 def single(case: Case) -> Case:
     """The single-process case a distributed one is judged like: its owner orthogonalizes whole matrices."""
-    return dataclasses.replace(case, layout="single", world_size=1)
+    return dataclasses.replace(case, layout="single", world_size=1, scope=None)  # one process: no selection scope
 
 
 def runs(cases: list[Case]) -> list[tuple[Case, OursMuon]]:

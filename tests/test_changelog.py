@@ -55,8 +55,17 @@ def policy_constants(module: types.ModuleType) -> dict[str, object]:
             and name != "annotations"}
 
 
+def policy_values() -> dict[str, object]:
+    """What decides a tolerance: harness/tolerance.py's constants and the measured worst errors it
+    reads (harness/tolerance_measured/*.json, entries only: re-measuring the same worsts is no change)."""
+    constants = {k: v for k, v in policy_constants(tolerance).items() if k != "MEASURED_DIR"}
+    measured = {path.name: json.loads(path.read_text())["entries"]
+                for path in sorted(tolerance.MEASURED_DIR.glob("*.json"))}
+    return {**constants, "measured": measured}
+
+
 def policy_digest() -> str:
-    return digest(policy_constants(tolerance))
+    return digest(policy_values())
 
 
 def columns_digest() -> str:
@@ -65,17 +74,17 @@ def columns_digest() -> str:
 
 
 def test_digests_follow_what_they_cover():
-    """Negative controls: the digest moves when an rtol, a constant or a column changes, and not
-    when only dict order does."""
-    constants = policy_constants(tolerance)
-    assert "POLICY" in constants and "STORAGE_ULPS" in constants
-    key = next(iter(tolerance.POLICY))
-    entry = tolerance.POLICY[key]
-    looser = {**tolerance.POLICY, key: dataclasses.replace(entry, rtol=entry.rtol * 2)}
-    assert digest({**constants, "POLICY": looser}) != digest(constants)
-    assert digest({**constants, "STORAGE_ULPS": 2.0}) != digest(constants)
-    reordered = dict(reversed(list(tolerance.POLICY.items())))
-    assert digest({**constants, "POLICY": reordered}) == digest(constants)
+    """Negative controls: the digest moves when a constant, a measured worst or a column changes, and
+    not when only dict order does."""
+    values = policy_values()
+    assert "STORAGE_ULPS" in values and "COEFFICIENT_SAFETY" in values and values["measured"]
+    assert digest({**values, "COEFFICIENT_SAFETY": 3.0}) != digest(values)
+    name, entries = next(iter(values["measured"].items()))
+    key = next(iter(entries))
+    worse = {**entries, key: {**entries[key], "worst": entries[key]["worst"] * 2}}
+    assert digest({**values, "measured": {**values["measured"], name: worse}}) != digest(values)
+    reordered = {**values, "measured": {name: dict(reversed(list(entries.items())))}}
+    assert digest(reordered) == digest({**values, "measured": {name: entries}})
     columns = [f.name for f in dataclasses.fields(Record)]
     assert digest(columns + ["diagnosis"]) != digest(columns)
 
