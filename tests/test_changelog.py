@@ -81,7 +81,7 @@ def test_digests_follow_what_they_cover():
     assert digest({**values, "COEFFICIENT_SAFETY": 3.0}) != digest(values)
     name, entries = next(iter(values["measured"].items()))
     key = next(iter(entries))
-    worse = {**entries, key: {**entries[key], "worst": entries[key]["worst"] * 2}}
+    worse = {**entries, key: {**entries[key], "worst": 2 * entries[key]["worst"] + 1.0}}
     assert digest({**values, "measured": {**values["measured"], name: worse}}) != digest(values)
     reordered = {**values, "measured": {name: dict(reversed(list(entries.items())))}}
     assert digest(reordered) == digest({**values, "measured": {name: entries}})
