@@ -18,6 +18,16 @@ Cases with an SVD rank cut-off among their singular values are not counted (no r
   python benchmarks/measure_tolerances.py --device cpu --out harness/tolerance_measured/cpu.json
   python benchmarks/measure_tolerances.py --device cuda --out harness/tolerance_measured/cuda.json
       [--tier ci|nightly] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
+      [--drawn N --drawn-seed S --optimizers NAME ...] [--merge FILE ... [--drop REGEX]]
+
+--drawn N also measures N cases drawn from cases.strategies.cases, the strategy the property tests
+draw from (tests/test_properties.py, tests/test_dion2.py): any CI-sized layer, megabatch, 1-3 steps,
+any seed and fraction, so every key a property test can reach is measured on the cases that reach
+it, not only on the tiers' few (a rank-1 fp32 Polar Express key had 3 tier cases, all within the
+storage allowance, and a Hypothesis case needed 4x its coefficient). --tier none measures drawn cases alone.
+--merge FILE ... folds earlier measurement files into --out: per key the worst of all files (and
+its case), the median of the largest file, counts summed; --drop REGEX leaves out the merged
+files' keys that match (stale ones, e.g. measured before their amplification changed).
 
 The committed cpu.json was measured with --whole '^[a-z]+/[a-z0-9_]+-[0-9x]+/' --skip '_big-.*/noflat' ... see its "command"
 field: every case of the CI-sized layers (they reach every key a Hypothesis case can), every 24th of the
@@ -44,6 +54,7 @@ import torch
 
 from cases import Case, tier
 from harness import backends, sensitivity, tolerance
+from harness.algorithms import algorithm
 from harness.checks import SCALE_FACTOR, reference_steps
 from harness.dtypes import TORCH_DTYPES
 from harness.inputs import f64, make_inputs
@@ -86,8 +97,9 @@ def runs(cases: list[Case]) -> list[tuple[Case, OursMuon]]:
 
 def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[tolerance.Key, float, str]]:
     """(policy key, worst coefficient c over the steps, which run) of the case's run and of its scaled
-    run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run with
-    an SVD rank cut-off among its direction's singular values is left out (no rtol can judge it)."""
+    run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run is
+    left out where an SVD rank cut-off sits among its direction's singular values or its selection is
+    ill-posed (no rtol can judge it)."""
     base = backends.on_device(make_inputs(case), device)
     out = []
     for inputs, label in ((base, ""), (base.scaled(SCALE_FACTOR), f" scaled x {SCALE_FACTOR:g}")):
@@ -97,9 +109,12 @@ def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[to
         if any(s.ambiguous_rank for row in sens for s in row):
             continue
         u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
+        margins: list[float] = []
+        steps = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
+        if algorithm(case).ill_posed(case, min(margins)):
+            continue
         worst = 0.0
-        for n, (_, x_prev, x_new, x_ref) in enumerate(reference_steps(case, target, inputs.params, inputs.grads,
-                                                                      traj)):
+        for n, (_, x_prev, x_new, x_ref) in enumerate(steps):
             m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, tolerance.STORAGE_ULPS)
             needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
             i, k = divmod(n, case.steps)
@@ -112,7 +127,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=tolerance.DEVICE_CLASSES)
     parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
-    parser.add_argument("--tier", default="nightly", choices=("ci", "nightly"))
+    parser.add_argument("--tier", default="nightly", choices=("ci", "nightly", "none"),
+                        help="tier whose cases are measured (none: only --drawn cases)")
     parser.add_argument("--select", nargs="*", default=[], help="only cases whose id contains one of these")
     parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")
     parser.add_argument("--whole", default=None, help="cases whose id matches this regular expression are all "
@@ -120,17 +136,28 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1, help="every N-th of the other selected cases (the CI tier is always measured whole)")
     parser.add_argument("--shard", default="0/1", help="I/N: only the I-th of N interleaved slices of the runs "
                         "(shards run in parallel and are merged)")
+    parser.add_argument("--drawn", type=int, default=0, help="also N cases drawn by the property tests' strategy")
+    parser.add_argument("--drawn-seed", type=int, default=0, help="Hypothesis seed of --drawn")
+    parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
+    parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
     args = parser.parse_args()
+    if args.drawn < 0 or args.every < 1:
+        parser.error("--drawn must be >= 0 and --every >= 1")
+    missing = [str(p) for p in args.merge if not p.is_file()]
+    if missing:
+        parser.error(f"--merge: no such file {missing}")
     start = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device visible")
     device = backends.get(args.device).device()
     torch.set_num_threads(1)
-    ci = set(map(single, tier("ci")))
-    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier)))
+    ci = set(map(single, tier("ci"))) if args.tier != "none" else set()
+    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier) if args.tier != "none" else []))
               if (not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))]
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
+    cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
     shard, shards = (int(x) for x in args.shard.split("/"))
     if not 0 <= shard < shards:
         parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N")
@@ -155,13 +182,15 @@ def main() -> None:
         entries[str(key)] = asdict(tolerance.Measurement(float(worst_c), float(np.median(v)), int(v.size), worst_id))
         print(f"{str(key):42} {v.size:5d} {np.median(v):9.3g} {worst_c:9.3g} {tolerance.coefficient(worst_c):9.3g}  "
               f"{worst_id}")
+    entries, commands, totals = merged(entries, args.merge, args.drop)
     seconds = time.perf_counter() - start
     name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
-    meta = {"command": "python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]),
+    meta = {"command": " ; ".join(["python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]), *commands]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
-            "cases": len(cases), "runs": 2 * len(todo), "ill_posed_not_counted": ill_posed,
-            "seconds": round(seconds, 1), "entries": entries}
+            "cases": len(cases) + int(totals["cases"]), "runs": 2 * len(todo) + int(totals["runs"]),
+            "ill_posed_not_counted": ill_posed + int(totals["ill_posed_not_counted"]),
+            "seconds": round(seconds + totals["seconds"], 1), "entries": entries}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out}: {len(entries)} keys from {2 * len(todo)} runs ({ill_posed} ill-posed, not counted) "

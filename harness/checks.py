@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
@@ -221,7 +220,8 @@ def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outco
     the target's numerical range) without a tolerance for eps."""
     scaled = inputs.scaled(SCALE_FACTOR)
     out = reference(case, target, scaled, target.run(*_args(scaled), case))
-    return dataclasses.replace(out, check="scale", message=f"gradients x {SCALE_FACTOR:g}: {out.message}")
+    return dataclasses.replace(out, check="scale", message=f"gradients x {SCALE_FACTOR:g}: {out.message}",
+                               evidence=None)
 
 
 def finite(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
