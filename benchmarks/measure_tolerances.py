@@ -95,6 +95,60 @@ def runs(cases: list[Case]) -> list[tuple[Case, OursMuon]]:
     return out
 
 
+def drawn(n: int, at: int, optimizers: tuple[str, ...]) -> list[Case]:
+    """Up to `n` distinct cases drawn by the property tests' strategy, reproducibly (Hypothesis seed `at`)."""
+    if not n:
+        return []
+    from hypothesis import HealthCheck, Phase, given, seed, settings  # a test dependency: only for --drawn
+
+    from cases import strategies
+    found: list[Case] = []
+
+    @seed(at)
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategies.cases(optimizers=optimizers))
+    def collect(case: Case) -> None:
+        found.append(case)
+    collect()
+    return list(dict.fromkeys(found))
+
+
+TOTALS = ("cases", "runs", "ill_posed_not_counted", "seconds")
+"""Meta fields of a measurement file that a merge sums."""
+
+
+def merged(entries: dict[str, dict], files: list[Path], drop: str | None
+           ) -> tuple[dict[str, dict], list[str], dict[str, float]]:
+    """`entries` with the entries of measurement `files` folded in (see --merge), the files'
+    commands and their TOTALS summed."""
+    out = {k: dict(v) for k, v in entries.items()}
+    commands, totals = [], dict.fromkeys(TOTALS, 0.0)
+    for path in files:
+        data = json.loads(path.read_text())
+        commands.append(f"{data['command']}  # {data.get('tier', '?')} tier, {data.get('date', '?')}")
+        for name in TOTALS:
+            totals[name] += data.get(name, 0)
+        for key, v in data["entries"].items():
+            if drop and re.search(drop, key):
+                continue
+            if key not in out:
+                out[key] = dict(v)
+                continue
+            mine = out[key]
+            worst = v if v["worst"] > mine["worst"] else mine
+            median = v["median"] if v["n"] > mine["n"] else mine["median"]
+            out[key] = {**worst, "median": median, "n": mine["n"] + v["n"]}
+    return out, commands, totals
+
+
+def policy_key(case: Case, target: OursMuon) -> str:
+    """The policy key of `case` as `target` declares it (from the FP64 oracle alone: cheap)."""
+    conv = target.conventions(case)
+    sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in make_inputs(case).grads])
+    return str(tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)))
+
+
 def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[tolerance.Key, float, str]]:
     """(policy key, worst coefficient c over the steps, which run) of the case's run and of its scaled
     run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run is
