@@ -207,8 +207,8 @@ def layout(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcom
     """Layout invariance: the gathered run against the target's single-process run of the same inputs."""
     single = target.run(inputs.params, inputs.grads, case)
     out = checks.relation("layout", case, target, inputs, gather(case, pieces), single)
-    return Outcome("layout", out.metrics, out.tolerance,
-                   f"{case.layout_detail} on {case.world_size} ranks vs one process: {out.message}")
+    return dataclasses.replace(out, message=f"{case.layout_detail} on {case.world_size} ranks vs one process: "
+                                            f"{out.message}")
 
 
 def replicas(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
