@@ -20,7 +20,8 @@ process group, so the harness writes the cases it finished, marked incomplete; S
 `KILL_GRACE` s) when the budget runs out, `RESERVE` s before it ends, to leave time for the
 files. What ran is written either way.
 
-Outputs, in benchmarks/results/<date>-<gpu kind>-torch<version>-ws<N>/ (`--results` to move it):
+Outputs, in benchmarks/results/<date>-<gpu kind>-torch<version>-ws<N>/ (`--results` to move it; a
+folder of that name already there is kept, and this run takes the name with -2, -3, ...):
   runs/<backend>-ws<w>/    the stored run of each launch (results.parquet, summary.md, run.json, ...);
                            a split CPU twin's parts beside it, runs/gloo-ws<w>-part<j>/
   logs/<backend>-ws<w>.log each launch's stdout and stderr, whole (-part<j>.log per part)
@@ -129,6 +130,15 @@ def result_folder(results: Path, gpus: int, when: datetime.date) -> Path:
     """results/<date>-<gpu kind>-torch<version>-ws<N>."""
     version = torch.__version__.split("+")[0]
     return results / f"{when.isoformat()}-{gpu_kind()}-torch{version}-ws{gpus}"
+
+
+def free_name(folder: Path) -> Path:
+    """`folder`, or the first of folder-2, folder-3, ... that does not exist."""
+    n, free = 1, folder
+    while free.exists():
+        n += 1
+        free = folder.with_name(f"{folder.name}-{n}")
+    return free
 
 
 def selection(tier: str, w: int, patterns: list[str]) -> tuple[list[Case], list[str]]:
@@ -344,8 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         world_sizes = sorted({c.world_size for c in select(args.tier, args.select)
                               if 1 < c.world_size <= max(gpus, 1)})
     folder = result_folder(args.results, gpus, datetime.datetime.now(datetime.timezone.utc).date())
-    if folder.exists():
-        parser.error(f"{folder} exists; move it away (stored results are never overwritten)")
+    folder = free_name(folder)  # stored results are never overwritten: a second run of the day gets -2, -3, ...
     launches = plan(args.tier, world_sizes, args.select, folder, args.cpu_jobs)
     if not launches:
         parser.error(f"no case of tier {args.tier!r} at world sizes {world_sizes} matches the selection")

@@ -136,8 +136,9 @@ def test_main_keeps_the_budget_stores_everything_and_packs_one_tarball(tmp_path,
         assert f"{folder.name}/{inside}" in names
 
 
-def test_main_refuses_to_overwrite_stored_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(DRIVER, "execute", lambda launch, deadline: pytest.fail("a launch started"))
-    DRIVER.result_folder(tmp_path, 2, DRIVER.datetime.datetime.now(DRIVER.datetime.timezone.utc).date()).mkdir()
-    with pytest.raises(SystemExit):
-        DRIVER.main(["--budget", "100", "--gpus", "2", "--results", str(tmp_path), "--select", WS2])
+def test_stored_results_are_never_overwritten(tmp_path):
+    folder = tmp_path / "2026-11-29-nvidia-h200-torch2.11.0-ws2"
+    assert DRIVER.free_name(folder) == folder
+    folder.mkdir()
+    (tmp_path / f"{folder.name}-2").mkdir()
+    assert DRIVER.free_name(folder) == tmp_path / f"{folder.name}-3"
