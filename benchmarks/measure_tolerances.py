@@ -43,7 +43,7 @@ import platform
 import re
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
@@ -140,6 +140,13 @@ def merged(entries: dict[str, dict], files: list[Path], drop: str | None
     return out, commands, totals
 
 
+def key(case: Case, target: OursMuon) -> str:
+    """The policy key of `case` as `target` declares it (from the FP64 oracle alone: cheap)."""
+    conv = target.conventions(case)
+    sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in make_inputs(case).grads])
+    return str(tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)))
+
+
 def measure(case: Case, target: OursMuon, device: torch.device) -> tuple[tolerance.Key, float] | None:
     """(policy key, worst coefficient c over the case's steps), or None if an SVD rank cut-off sits
     among the direction's singular values or the selection is ill-posed (no rtol can judge that case)."""
@@ -179,6 +186,8 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
     parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
+    parser.add_argument("--per-key", type=int, default=0, help="skip a case whose key already has this many "
+                        "measured cases (--merge files count): time goes to the keys few cases reach")
     args = parser.parse_args()
     if args.drawn < 0 or args.every < 1:
         parser.error("--drawn must be >= 0 and --every >= 1")
@@ -198,12 +207,17 @@ def main() -> None:
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
     todo = runs(cases)
     found: dict[tolerance.Key, list[tuple[float, str]]] = defaultdict(list)
-    ill_posed = 0
+    counts = Counter({k: v["n"] for k, v in merged({}, args.merge, args.drop)[0].items()})
+    ill_posed = skipped = 0
     for n, (case, target) in enumerate(todo, 1):
+        if args.per_key and counts[key(case, target)] >= args.per_key:
+            skipped += 1
+            continue
         got = measure(case, target, device)
         if got is None:
             ill_posed += 1
         else:
+            counts[str(got[0])] += 1
             found[got[0]].append((got[1], case.id + ("" if type(target) is OursMuon else f" computed in {target.compute}")))
         if n % 100 == 0 or n == len(todo):
             spent = time.perf_counter() - start
@@ -223,13 +237,13 @@ def main() -> None:
     meta = {"command": " ; ".join(["python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]), *commands]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
-            "cases": len(cases) + int(totals["cases"]), "runs": len(todo) + int(totals["runs"]),
+            "cases": len(cases) + int(totals["cases"]), "runs": len(todo) - skipped + int(totals["runs"]),
             "ill_posed_not_counted": ill_posed + int(totals["ill_posed_not_counted"]),
             "seconds": round(seconds + totals["seconds"], 1), "entries": entries}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}: {len(entries)} keys from {len(todo)} runs ({ill_posed} ill-posed, not counted) "
-          f"in {seconds:.0f}s", file=sys.stderr)
+    print(f"wrote {args.out}: {len(entries)} keys from {len(todo) - skipped} runs ({ill_posed} ill-posed, not counted; "
+          f"{skipped} skipped by --per-key) in {seconds:.0f}s", file=sys.stderr)
 
 
 if __name__ == "__main__":
