@@ -3,9 +3,11 @@
 For every case of a tier (a distributed one as its single-process equivalent), optimizers.Muon runs on the device and each step is
 compared with the FP64 oracle. A step needs rtol = (||err|| - storage allowance) / ||delta_ref||;
 divided by u * max(1, A) (harness/sensitivity.py: the amplification at the singular values of the
-direction that step orthogonalizes) that is the step's coefficient c. Per policy key (optimizer,
-param@compute, schedule class, conditioning class) the file records the worst c (the policy uses
-3x it, rounded up to 1-2-5), the median, the number of cases and the worst case's id.
+direction that step orthogonalizes) that is the step's coefficient c. Each case is measured twice: as
+drawn, and with its gradients x 2^10 (the run the `scale` check judges against its own reference).
+Per policy key (optimizer, param@compute, schedule class, conditioning class) the file records the
+worst c (the policy's coefficient is derived from it: harness/tolerance.py), the median, the number
+of runs and the worst run's id.
 
 Declared compute formats the tiers lack are measured by running the same polynomial cases with
 Muon's compute dtype replaced: fp64 parameters computed in bf16 and in fp16, fp32 and bf16
@@ -53,7 +55,7 @@ import torch
 from cases import Case, tier
 from harness import backends, sensitivity, tolerance
 from harness.algorithms import algorithm
-from harness.checks import reference_steps
+from harness.checks import SCALE_FACTOR, reference_steps
 from harness.dtypes import TORCH_DTYPES
 from harness.inputs import f64, make_inputs
 from harness.metrics import compare_step
@@ -140,34 +142,39 @@ def merged(entries: dict[str, dict], files: list[Path], drop: str | None
     return out, commands, totals
 
 
-def key(case: Case, target: OursMuon) -> str:
+def policy_key(case: Case, target: OursMuon) -> str:
     """The policy key of `case` as `target` declares it (from the FP64 oracle alone: cheap)."""
     conv = target.conventions(case)
     sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in make_inputs(case).grads])
     return str(tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)))
 
 
-def measure(case: Case, target: OursMuon, device: torch.device) -> tuple[tolerance.Key, float] | None:
-    """(policy key, worst coefficient c over the case's steps), or None if an SVD rank cut-off sits
-    among the direction's singular values or the selection is ill-posed (no rtol can judge that case)."""
-    inputs = backends.on_device(make_inputs(case), device)
-    traj = target.run(inputs.params, inputs.grads, case)
-    conv = target.conventions(case)
-    sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in inputs.grads])
-    if any(s.ambiguous_rank for row in sens for s in row):
-        return None
-    u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
-    margins: list[float] = []
-    steps = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
-    if algorithm(case).ill_posed(case, min(margins)):
-        return None
-    worst = 0.0
-    for n, (_, x_prev, x_new, x_ref) in enumerate(steps):
-        m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, tolerance.STORAGE_ULPS)
-        needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
-        i, k = divmod(n, case.steps)
-        worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
-    return tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst
+def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[tolerance.Key, float, str]]:
+    """(policy key, worst coefficient c over the steps, which run) of the case's run and of its scaled
+    run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run is
+    left out where an SVD rank cut-off sits among its direction's singular values or its selection is
+    ill-posed (no rtol can judge it)."""
+    base = backends.on_device(make_inputs(case), device)
+    out = []
+    for inputs, label in ((base, ""), (base.scaled(SCALE_FACTOR), f" scaled x {SCALE_FACTOR:g}")):
+        traj = target.run(inputs.params, inputs.grads, case)
+        conv = target.conventions(case)
+        sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in inputs.grads])
+        if any(s.ambiguous_rank for row in sens for s in row):
+            continue
+        u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
+        margins: list[float] = []
+        steps = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
+        if algorithm(case).ill_posed(case, min(margins)):
+            continue
+        worst = 0.0
+        for n, (_, x_prev, x_new, x_ref) in enumerate(steps):
+            m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, tolerance.STORAGE_ULPS)
+            needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
+            i, k = divmod(n, case.steps)
+            worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
+        out.append((tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst, label))
+    return out
 
 
 def main() -> None:
@@ -181,6 +188,8 @@ def main() -> None:
     parser.add_argument("--whole", default=None, help="cases whose id matches this regular expression are all "
                         "measured, like the CI tier's")
     parser.add_argument("--every", type=int, default=1, help="every N-th of the other selected cases (the CI tier is always measured whole)")
+    parser.add_argument("--shard", default="0/1", help="I/N: only the I-th of N interleaved slices of the runs "
+                        "(shards run in parallel and are merged)")
     parser.add_argument("--drawn", type=int, default=0, help="also N cases drawn by the property tests' strategy")
     parser.add_argument("--drawn-seed", type=int, default=0, help="Hypothesis seed of --drawn")
     parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
@@ -205,20 +214,23 @@ def main() -> None:
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
-    todo = runs(cases)
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    if not 0 <= shard < shards:
+        parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N")
+    todo = runs(cases)[shard::shards]
     found: dict[tolerance.Key, list[tuple[float, str]]] = defaultdict(list)
     counts = Counter({k: v["n"] for k, v in merged({}, args.merge, args.drop)[0].items()})
     ill_posed = skipped = 0
     for n, (case, target) in enumerate(todo, 1):
-        if args.per_key and counts[key(case, target)] >= args.per_key:
+        if args.per_key and counts[policy_key(case, target)] >= args.per_key:
             skipped += 1
             continue
         got = measure(case, target, device)
-        if got is None:
-            ill_posed += 1
-        else:
-            counts[str(got[0])] += 1
-            found[got[0]].append((got[1], case.id + ("" if type(target) is OursMuon else f" computed in {target.compute}")))
+        ill_posed += 2 - len(got)
+        for key, worst, label in got:
+            counts[str(key)] += 1
+            found[key].append((worst, case.id + ("" if type(target) is OursMuon else f" computed in {target.compute}")
+                                + label))
         if n % 100 == 0 or n == len(todo):
             spent = time.perf_counter() - start
             print(f"[{n}/{len(todo)}] {spent:.0f}s, ~{spent / n * (len(todo) - n):.0f}s left", file=sys.stderr,
@@ -237,13 +249,13 @@ def main() -> None:
     meta = {"command": " ; ".join(["python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]), *commands]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
-            "cases": len(cases) + int(totals["cases"]), "runs": len(todo) - skipped + int(totals["runs"]),
+            "cases": len(cases) + int(totals["cases"]), "runs": 2 * (len(todo) - skipped) + int(totals["runs"]),
             "ill_posed_not_counted": ill_posed + int(totals["ill_posed_not_counted"]),
             "seconds": round(seconds + totals["seconds"], 1), "entries": entries}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}: {len(entries)} keys from {len(todo) - skipped} runs ({ill_posed} ill-posed, not counted; "
-          f"{skipped} skipped by --per-key) in {seconds:.0f}s", file=sys.stderr)
+    print(f"wrote {args.out}: {len(entries)} keys from {2 * (len(todo) - skipped)} runs ({ill_posed} ill-posed, not "
+          f"counted; {skipped} cases skipped by --per-key) in {seconds:.0f}s", file=sys.stderr)
 
 
 if __name__ == "__main__":
