@@ -127,6 +127,7 @@ def test_the_measurement_reproduces_within_its_recorded_worst(key):
     runs = {label: (k, c) for k, c, label in MEASURE.measure(Case.from_id(case_id), OursMuon(), torch.device("cpu"))}
     got_key, c = runs[scaled + factor]
     assert str(got_key) == key and c == pytest.approx(recorded.worst, rel=1e-6)
+    assert MEASURE.policy_key(Case.from_id(case_id), OursMuon()) == key  # what --per-key counts, without a run
 
 
 def test_policy_covers_our_muon_on_every_ci_case():
