@@ -11,6 +11,8 @@ lack it; exits 1 while the import fails on triton and the metadata does not decl
 import importlib.metadata
 import sys
 
+import torch  # noqa: F401  # imported first, with triton visible, as any user has it
+
 try:
     requires = importlib.metadata.requires("emerging-optimizers") or []
 except importlib.metadata.PackageNotFoundError:
