@@ -23,25 +23,27 @@ MAX_BLOCKS = 4
 """Block count cap: 4 blocks compute 5/8 of the product; more blocks save less per extra launch."""
 
 
-def blocks(m: int, block: int = BLOCK) -> int:
-    """How many row blocks an m x m symmetric product is split into (1: one plain product)."""
+def blocks(m: int, block: int | None = None) -> int:
+    """How many row blocks an m x m symmetric product is split into (1: one plain product);
+    `block` defaults to `BLOCK`, read at the call (so a benchmark can switch the split off)."""
+    block = BLOCK if block is None else block
     return min(MAX_BLOCKS, m // block) if m >= 2 * block else 1
 
 
-def symmetric_bmm(a: torch.Tensor, b: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+def symmetric_bmm(a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """a @ b for stacks a [B, m, k], b [B, k, m] whose product is symmetric, by its lower block triangle."""
     return _lower_blocks(None, a, b, 0.0, 1.0, block)
 
 
 def symmetric_baddbmm(input: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1.0,
-                      alpha: float = 1.0, block: int = BLOCK) -> torch.Tensor:
+                      alpha: float = 1.0, block: int | None = None) -> torch.Tensor:
     """torch.baddbmm(input, a, b, beta=beta, alpha=alpha) for a symmetric `input` [B, m, m] and a
     symmetric product a @ b, by its lower block triangle."""
     return _lower_blocks(input, a, b, beta, alpha, block)
 
 
 def _lower_blocks(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
-                  block: int) -> torch.Tensor:
+                  block: int | None) -> torch.Tensor:
     """beta * input + alpha * (a @ b) (input None: alpha * (a @ b)) by row blocks, mirrored."""
     m = a.size(-2)
     k = blocks(m, block)

@@ -60,7 +60,8 @@ def test_iterations_with_blocked_products_match_the_plain_ones(monkeypatch, shap
 
     exact, plain = run(torch.float64), run(dtype)
     counts, count = [], symmetric.blocks
-    monkeypatch.setattr(symmetric, "blocks", lambda m, block: counts.append(count(m, 8)) or counts[-1])
+    monkeypatch.setattr(symmetric, "BLOCK", 8)
+    monkeypatch.setattr(symmetric, "blocks", lambda m, block: counts.append(count(m, block)) or counts[-1])
     blocked = run(dtype)
     assert counts and min(counts) == 3  # every symmetric product split (24 rows, 8-row blocks)
     if dtype == torch.float64:
