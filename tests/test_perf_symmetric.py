@@ -68,3 +68,24 @@ def test_iterations_with_blocked_products_match_the_plain_ones(monkeypatch, shap
         torch.testing.assert_close(blocked, plain, rtol=1e-12, atol=1e-12)
     else:
         assert (blocked - exact).norm() <= 2 * (plain - exact).norm()
+
+
+def test_a_missing_mirror_is_caught_by_the_iteration_check(monkeypatch):
+    """Negative control of the check above: blocks whose upper triangle is left at zero take the fp32
+    iteration far from the fp64 one, far beyond twice the plain products' error."""
+    x = wide(2, 24, 96, seed=2, dtype=torch.float32)
+    coefficients = schedule("polar_express", 5)
+
+    def run(compute):
+        return gram_newton_schulz(x, coefficients, normaliser_scale("polar_express"), 1e-7, compute).double()
+
+    exact, plain = run(torch.float64), run(torch.float32)
+    full = symmetric._lower_blocks
+
+    def unmirrored(input, a, b, beta, alpha, block):
+        out = full(input, a, b, beta, alpha, block)
+        return out.tril() if out.size(-1) > 16 else out
+
+    monkeypatch.setattr(symmetric, "BLOCK", 8)
+    monkeypatch.setattr(symmetric, "_lower_blocks", unmirrored)
+    assert (run(torch.float32) - exact).norm() > 2 * (plain - exact).norm()
