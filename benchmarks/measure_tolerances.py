@@ -77,9 +77,17 @@ def runs(cases: list[Case]) -> list[tuple[Case, OursMuon]]:
     out: list[tuple[Case, OursMuon]] = [(c, OursMuon()) for c in cases]
     for c in cases:
         for compute in VARIANTS.get((c.param_dtype, c.compute_dtype), ()):
-            if c.orthogonalizer != "svd" and not (compute == "fp16" and c.grad == "huge"):
+            if c.orthogonalizer != "svd" and not (compute == "fp16" and c.grad in FP16_UNDECLARABLE.get(c.orthogonalizer,
+                                                                                                     ("huge",))):
                 out.append((c, DeclaredCompute(compute)))
     return out
+
+
+FP16_UNDECLARABLE = {"gram_newton_schulz": ("huge", "tiny")}
+"""Gradient kinds whose fp16 runs the declared rounding cannot describe, per orthogonalizer (default: huge,
+which does not fit fp16's range). Gram Newton-Schulz also leaves out tiny (1e-10) ones: it normalises in fp32
+before rounding to fp16 (optimizers/gram_newton_schulz.normalised), while the reference rounds U to the
+declared fp16 first, where 1e-10 underflows (measured: c up to inf on the nightly tier)."""
 
 
 def measure(case: Case, target: OursMuon, device: torch.device) -> tuple[tolerance.Key, float] | None:
@@ -110,6 +118,9 @@ def main() -> None:
     parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")
     parser.add_argument("--whole", default=None, help="cases whose id matches this regular expression are all "
                         "measured, like the CI tier's")
+    parser.add_argument("--merge-into", type=Path, default=None,
+                        help="also add the measured keys to this evidence file (keys it has already: an error, "
+                        "nothing written), recording the command under its 'supplements'")
     parser.add_argument("--every", type=int, default=1, help="every N-th of the other selected cases (the CI tier is always measured whole)")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -152,8 +163,23 @@ def main() -> None:
             "seconds": round(seconds, 1), "entries": entries}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    if args.merge_into is not None:
+        merge(meta, args.merge_into)
     print(f"wrote {args.out}: {len(entries)} keys from {len(todo)} runs ({ill_posed} ill-posed, not counted) "
           f"in {seconds:.0f}s", file=sys.stderr)
+
+
+def merge(measured: dict, path: Path) -> None:
+    """Add `measured`'s entries to the evidence file `path` (new keys only) and list its command, date,
+    counts and time under the file's "supplements"."""
+    evidence = json.loads(path.read_text())
+    clash = sorted(set(measured["entries"]) & set(evidence["entries"]))
+    if clash:
+        sys.exit(f"--merge-into {path}: keys already measured there (re-measure them whole instead): {clash}")
+    evidence["entries"].update(measured["entries"])
+    evidence.setdefault("supplements", []).append({k: v for k, v in measured.items() if k != "entries"})
+    path.write_text(json.dumps(evidence, indent=1, sort_keys=True) + "\n")
+    print(f"merged {len(measured['entries'])} keys into {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
         out = standard_steps(wide, coefficients)
     else:
         out = gram_steps(wide, coefficients, restarts)
-        norms = torch.linalg.matrix_norm(out.float(), ord="fro")
+        norms = torch.linalg.vector_norm(out, dim=(-2, -1), dtype=torch.promote_types(out.dtype, torch.float32))
         bad = ~torch.isfinite(norms) | (norms > DIVERGED * m**0.5)
         if stats is not None:
             stats.gram += out.size(0)
