@@ -9,7 +9,8 @@ muon_utils.py, mixin.py):
   - decoupled weight decay first, X <- X(1 - lr wd) with the base lr (`p.add_(p, alpha=-wd*lr)`),
     before the momentum and the update.
   - momentum as an EMA by lerp: M <- M + (1-mu)(G - M) = mu M + (1-mu) G; Nesterov (off by default)
-    U = G.lerp(M, mu) = (1-mu) G + mu M; without it U = M. The buffer is `zeros_like(p)`.
+    U = G.lerp(M, mu) = (1-mu) G + mu M; without it U = M. The buffer is `zeros_like(p)`. (This
+    pair is the sum form M <- mu M + G, U = G + mu M, times 1-mu, which the normaliser removes.)
   - `newton_schulz` accepts fp32 input only (TypeError otherwise): fp32 parameters only.
     X0 = U / max(||U||_F, 1e-7) (`F.normalize`, a clamp) in fp32, computed on U^T when rows > cols
     (the same polynomial in exact arithmetic). Under `fp32_matmul_prec="medium"` (its default) X0
@@ -19,14 +20,18 @@ muon_utils.py, mixin.py):
   - coefficients: "quintic" (default, Jiacheng You's five quintics, judged for the Newton-Schulz
     cases), "simple" (Keller Jordan's quintic), "polar_express" (Polar Express with its 1.01 safety
     folded into the coefficients, rounded to 4 decimals, and NO safety factor in the normaliser),
-    "cans", "aol", "deepseekv4", "custom". 5 steps.
+    "cans", "aol", "deepseekv4", "custom". 5 steps. Without the normaliser safety a rank-1 direction
+    enters at s = 1 exactly, where the composite polynomial oscillates fast (it stays in Polar
+    Express's band, 0.85-1.12 over [1e-3, 1]) and amplifies rounding: A = 831 at s = 1 against 73 at
+    s = 1/1.01 (harness/sensitivity.py). Not a defect: a plain fp32 evaluation of the same schedule
+    on 1 x 16 matrices errs as much (median 1.7e-5, the peer 5.4e-6, 200 draws).
   - scale of the orthogonalized matrix, from its (rows, cols): "spectral" (default)
     sqrt(max(rows, cols)), "shape_scaling" sqrt(max(1, rows/cols)), "unit_rms_norm"
     sqrt(rows/cols); times `extra_scale_factor`. So the case's lr modes map to: rms_norm ->
     "spectral" x 0.2 (0.2 sqrt(max)), spectral_norm -> "unit_rms_norm" (`emerging-muon`) or
     "shape_scaling" (`emerging-muon-shape-scaling`, declared clamped); none has no mode.
   - 2-D parameters only: `orthogonalize` raises ValueError for any other rank (no flatten option;
-    the docstring leaves convolutions to a subclass). Not distributed through DTensor (its tensor
+    its docstring leaves convolutions to a subclass). Not distributed through DTensor (its tensor
     parallelism is Megatron's process groups): no distributed adapter.
 The step has no `torch.compile`; `use_syrk=False` (its Triton SYRK kernel needs an SM80/90/100 GPU).
 """
