@@ -31,6 +31,8 @@ folder of that name already there is kept, and this run takes the name with -2, 
   summary.md               the table printed on stdout, then the failing checks
 When $OUT is set, the whole folder also goes into ONE tarball $OUT/<folder name>.tar.gz (a device
 machine returns only a few files). stdout gets a compact summary only; logs hold the rest.
+Exit status: 0 when it stored results (failing checks are in summary.md and the diffs), 1 when no
+launch stored any, 2 on bad arguments.
 """
 
 from __future__ import annotations
