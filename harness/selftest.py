@@ -31,6 +31,7 @@ import torch
 
 from cases import Case, ci_cases
 from harness import checks, diagnosis, tolerance
+from harness.algorithms import algorithm
 from harness.inputs import make_inputs
 from harness.runner import run, run_case
 from harness.selftest_catalog import CATALOG, Defect, spec
@@ -117,14 +118,27 @@ def bitwise_ours(target: Target, ours: Target, case: Case) -> bool:
     return all(torch.equal(x, y) for sa, sb in zip(a, b) for x, y in zip(sa, sb))
 
 
+def selection_ill_posed(target: Target, case: Case) -> bool:
+    """Whether the reference skips `case` for `target` as ill-posed: a Dion2 selection whose margin
+    along the target's trajectory is within its momentum dtype's rounding (single-process)."""
+    if case.layout != "single":
+        return False
+    inputs = make_inputs(case)
+    margins: list[float] = []
+    traj = target.run(inputs.params, inputs.grads, case)
+    for _ in checks.reference_steps(case, target, inputs.params, inputs.grads, traj, margins):
+        pass
+    return algorithm(case).ill_posed(case, min(margins)) is not None
+
+
 def can_show(defect: Defect, target: Target, ours: Target, case: Case) -> bool:
     """`defect.shows(case)`, the case is not ill-posed (bf16 with rank-deficient gradients: judged
-    for finiteness only), and (single-process) the defect changes the fp64 updates by > SHOWS and
+    for finiteness only; a Dion2 selection within rounding of a tie), and (single-process) the defect changes the fp64 updates by > SHOWS and
     its trajectory in the case's own dtypes is not bitwise ours."""
     if not defect.shows(case):
         return False
     try:
-        if checks.policy(case, ours, make_inputs(case)).ill_posed():
+        if checks.policy(case, ours, make_inputs(case)).ill_posed() or selection_ill_posed(target, case):
             return False
     except tolerance.NoEntry:  # a harness gap: the defect cannot be judged there
         return False
