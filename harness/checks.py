@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
@@ -210,7 +211,7 @@ def fraction1(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
     if why:
         return Outcome("fraction1", NO_METRICS, None, f"the equivalent case is unsupported: {why}", skipped=True)
     out = relation("fraction1", case, target, inputs, traj, target.run(*_args(inputs), other_case))
-    return Outcome("fraction1", out.metrics, out.tolerance, f"vs {other_case.optimizer_token}: {out.message}")
+    return dataclasses.replace(out, message=f"vs {other_case.optimizer_token}: {out.message}")
 
 
 def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
@@ -219,8 +220,8 @@ def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outco
     the target's numerical range) without a tolerance for eps."""
     scaled = inputs.scaled(SCALE_FACTOR)
     out = reference(case, target, scaled, target.run(*_args(scaled), case))
-    return Outcome("scale", out.metrics, out.tolerance, f"gradients x {SCALE_FACTOR:g}: {out.message}", out.skipped,
-                   out.unsupported)
+    return dataclasses.replace(out, check="scale", message=f"gradients x {SCALE_FACTOR:g}: {out.message}",
+                               evidence=None)
 
 
 def finite(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:

@@ -1,8 +1,9 @@
 """How much an orthogonalizer amplifies rounding, read off the spectrum of the matrix it is given.
 
 The tolerance of a reference check is derived from this (harness/tolerance.py): the matrix that
-gets orthogonalized is the momentum / Nesterov direction U, not the gradient, so its singular
-values are computed here from the FP64 momentum the oracle keeps (oracles.momentum_and_direction).
+gets orthogonalized is the momentum / Nesterov direction U (Dion2: the selected submatrix of its
+momentum), not the gradient, so its singular values are computed here from the FP64 state the
+oracle keeps (the algorithm's `directions`, harness/algorithms.py).
 
 Amplification A of one matrix: the first-order normwise relative error of orth(U) per unit
 roundoff u, i.e. ||orth(U + dU) - orth(U)||_F / ||orth(U)||_F ~ A u.
@@ -30,9 +31,9 @@ from typing import Sequence
 import numpy as np
 
 from cases import Case
-from oracles import Conventions, MuonHyper, Orthogonalizer, matrix_view, round_to
+from harness.algorithms import algorithm
+from oracles import Conventions, Orthogonalizer, matrix_view
 from oracles.coefficients import Coefficients
-from oracles.muon_reference import momentum_and_direction
 
 RANK_GAP = 4.0
 """A singular value in (cutoff / RANK_GAP, cutoff * RANK_GAP) makes the SVD's rank decision ambiguous:
@@ -45,12 +46,14 @@ class Sensitivity:
     """Of one orthogonalized direction (all matrices of a parameter's view).
 
     amplification: A above (>= 0); condition: worst s_max / s_min over its matrices (inf if rank-
-    deficient); ambiguous_rank: a note when the SVD cut-off sits among its singular values, else "".
+    deficient); ambiguous_rank: a note when the SVD cut-off sits among its singular values, else "";
+    shape: (rows, columns) of the matrices orthogonalized (Dion2: of its selected submatrices).
     """
 
     amplification: float
     condition: float
     ambiguous_rank: str = ""
+    shape: tuple[int, int] = (0, 0)
 
 
 def _steps_forward(schedule: Sequence[Coefficients], x: np.ndarray) -> list[np.ndarray]:
@@ -109,7 +112,12 @@ def _squares(spec: Orthogonalizer, s: np.ndarray, shape: tuple[int, int]) -> tup
 
 def of_direction(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> Sensitivity:
     """Sensitivity of orth(u) for one parameter-shaped direction `u` (already in the compute format)."""
-    mats = matrix_view(np.asarray(u, np.float64), flatten)
+    return of_matrices(matrix_view(np.asarray(u, np.float64), flatten), spec)
+
+
+def of_matrices(mats: np.ndarray, spec: Orthogonalizer) -> Sensitivity:
+    """Sensitivity of orth applied to each matrix of the stack `mats` [B, m, n] (compute format)."""
+    mats = np.asarray(mats, np.float64)
     s = np.linalg.svd(mats, compute_uv=False)
     err_sq, ref_sq, note = _squares(spec, s, mats.shape[-2:])
     live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
@@ -118,19 +126,20 @@ def of_direction(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> Sensitiv
         with np.errstate(divide="ignore"):
             condition = float(np.max(live[:, 0] / live[:, -1]))
     amplification = math.sqrt(err_sq / ref_sq) if ref_sq > 0.0 else 0.0
-    return Sensitivity(amplification, condition, note)
+    return Sensitivity(amplification, condition, note, (mats.shape[-2], mats.shape[-1]))
 
 
 def of_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]]) -> list[list[Sensitivity]]:
-    """out[i][k]: sensitivity at member i, step k, of the direction the FP64 reference orthogonalizes
-    (FP64 momentum of the gradients grads[k][i] in the declared forms, rounded to the declared compute format)."""
-    hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    """out[i][k]: sensitivity at member i, step k, of what the FP64 reference orthogonalizes
+    (the algorithm's directions from the gradients grads[k][i] in the declared forms, in the declared
+    compute format)."""
+    directions = algorithm(case).directions(case, conv)
     out = []
     for i in range(len(grads[0]) if grads else 0):
-        m = np.zeros(case.shape)
+        m = directions.initial
         row = []
         for step in grads:
-            m, u = momentum_and_direction(m, np.asarray(step[i], np.float64), hyper, conv)
-            row.append(of_direction(round_to(u, conv.compute_dtype), conv.orthogonalizer, case.flatten))
+            m, mats = directions.step(m, np.asarray(step[i], np.float64))
+            row.append(of_matrices(mats, conv.orthogonalizer))
         out.append(row)
     return out
