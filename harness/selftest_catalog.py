@@ -124,10 +124,11 @@ Change = Callable[[Coefficients, str, Group], tuple[Coefficients, float, float]]
 
 
 def _polynomial_stage(change: Change) -> Callable[[torch.Tensor, Group], torch.Tensor]:
-    """An orthogonalize stage running the polynomial iteration as `change` alters it (SVD unchanged)."""
+    """An orthogonalize stage running the polynomial iteration as `change` alters it (the others, SVD
+    and Gram Newton-Schulz, unchanged)."""
     def orthogonalize(mats: torch.Tensor, group: Group) -> torch.Tensor:
         name = group["orthogonalizer"]
-        if name == "svd":
+        if name not in ("newton_schulz", "polar_express"):
             return orthogonalize_group(mats, group)
         coefficients, safety, eps = change(schedule(name, group["ns_steps"] or DEFAULT_STEPS), name, group)
         return _polynomial(mats, group, coefficients, safety, eps)
@@ -375,7 +376,8 @@ CATALOG: tuple[Defect, ...] = (
     Defect("layer-mixing", controls.layer_mixing, "members-mixed", lambda c: c.flatten and c.megabatch > 1,
            "context report 000: stacked [N, out, ...] reshaped to [N, numel]"),
     Defect("stack-norm", controls.stack_norm, "members-mixed",
-           lambda c: c.megabatch > 1 and c.orthogonalizer != "svd", "one Frobenius norm over the whole megabatch"),
+           lambda c: c.megabatch > 1 and c.orthogonalizer in ("newton_schulz", "polar_express"),
+           "one Frobenius norm over the whole megabatch"),
     Defect("flatten-4d-only", _stage("flatten-4d-only", "select", _select_flatten_4d_only), "flattened-geometry",
            lambda c: c.flatten and len(c.shape) in (3, 5), "KellerJordan/Muon flattens only 4-D parameters"),
     Defect("local-shard", distributed_controls.local_shard, "shard-local",
