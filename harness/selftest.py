@@ -3,10 +3,12 @@
 Every defect of the catalog (harness/selftest_catalog.py) runs through exactly the path a
 third-party target takes (its Target, harness.runner.run, every check, the diagnosis) on the
 CI-tier cases where it can show: those its `shows` names, minus the ill-posed ones (bf16 with
-rank-deficient gradients, judged for finiteness only) and, single-process, those where the defect
-leaves the mathematics alone (its fp64 updates within SHOWS of ours), at most CASES_PER_DEFECT,
-half of them with bf16 compute where there are such. The correct targets (ours, and torch on
-the cases it supports) run on every chosen case. Reported:
+rank-deficient gradients, judged for finiteness only; a Dion2 selection within rounding of a tie)
+and, single-process, those where the defect leaves the mathematics alone (its fp64 updates within
+SHOWS of ours) or its run is bitwise ours, at most CASES_PER_DEFECT, half of them with bf16
+compute where there are such. The correct targets (ours, and torch on the cases it supports) run
+on every chosen case. CI runs the quick tier (`candidates`: the first such case with bf16 compute
+and the first without) as one test per defect, tests/test_selftest_catalog.py. Reported:
 
   kill rate    per defect: cases flagged (some check fails or errors) / cases where it can show,
                over all chosen cases and over the bf16-compute ones
