@@ -39,12 +39,14 @@ MEASURED_FRACTION = 0.5
 
 
 def measurement_cases() -> list[Case]:
-    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov (Gram Newton-Schulz
-    for Muon only, the one algorithm whose cases take it)."""
+    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov."""
     out = []
     cycle = itertools.count()
-    for optimizer, (pd, cd), orth in itertools.product(axes.OPTIMIZERS, axes.DTYPE_PAIRS, axes.EVERY_ORTHOGONALIZER):
-        if "bf16" not in (pd, cd) or not axes.compute_ok(orth, cd) or (orth == axes.GRAM and optimizer != "muon"):
+    # Gram Newton-Schulz last, so that adding it left the other keys' cases (and lr modes) as they were.
+    keys = [*itertools.product(axes.OPTIMIZERS, axes.DTYPE_PAIRS, axes.ORTHOGONALIZERS),
+            *itertools.product(axes.OPTIMIZERS, axes.DTYPE_PAIRS, (axes.GRAM,))]
+    for optimizer, (pd, cd), orth in keys:
+        if "bf16" not in (pd, cd) or not axes.compute_ok(orth, cd):
             continue
         for layer, (_, shape) in axes.LAYERS.items():
             selecting = optimizer in axes.SELECTING

@@ -11,12 +11,13 @@ Rules, first match wins (each names its evidence in the line it writes):
                       something is computed per shard (orthogonalization, padding, ownership)
   non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
   normaliser-eps      scale fails alone (the step changes when gradients are scaled by 2^10), or
-                      reference fails while scale holds, or both fail and the error shrinks by
-                      more than EPS_SHRINK when the gradients grow 2^10 (an error that vanishes
-                      at scale: the normaliser's eps)
+                      reference fails while scale holds, or the error shrinks by more than
+                      EPS_SHRINK when the gradients grow 2^10 (both checks' errors, or the case
+                      rerun at scale: an error that vanishes at scale is the normaliser's eps)
   weight-decay        the decay relation (probe) fails, or the error lies along the parameter
                       (projection): decay missing, coupled, after the update or with the adjusted lr
-  lr-scale            the step is the reference's times one constant (>= 1% off) per parameter
+  lr-scale            the step is the reference's times one constant (>= 1% off), or each step
+                      its own factor (some >= 1% off): the update's size set wrong
   per-row-state       rescaling each output row by its own factor explains the error, or (bf16) the
                       rows check fails: the rows' norms spread against the reference's (NorMuon's
                       row statistics)
@@ -24,7 +25,7 @@ Rules, first match wins (each names its evidence in the line it writes):
   orthogonalizer      none of the above: the orthogonalized matrix itself differs (coefficients,
                       normaliser, iteration count), its singular values against f(sigma) say how
 
-The structural rules rerun the case once on the target (single-process cases only; ms) and
+The structural rules rerun the case on the target (as drawn and with gradients x 2^10) (single-process cases only; ms) and
 look at the error of every step against the FP64 reference (harness.checks.reference_steps).
 """
 
@@ -37,8 +38,8 @@ import numpy as np
 
 from cases import Case
 from harness import robust_checks, tolerance
-from harness.checks import policy, reference_steps
-from harness.inputs import make_inputs
+from harness.checks import SCALE_FACTOR, policy, reference_steps
+from harness.inputs import Inputs, make_inputs
 from harness.metrics import compare_step
 from harness.targets.base import Target
 from reports import Record
@@ -62,7 +63,11 @@ class Structure:
     errors[k]: relative error of step k (worst member); first_ok: every member's first step within
     its reference tolerance (None where the policy has no entry); factor: least-squares c in dX ~ c dref;
     factor_left: relative error left after that fit; along_param: |<err, x>| / (||err|| ||x||);
-    row_left: error left after fitting one factor per output row, relative to the error."""
+    row_left: error left after fitting one factor per output row, relative to the error;
+    step_factors, step_left: the least-squares factor of each member's each step, and the error
+    left after fitting them, relative to the error;
+    shrink: the relative error over the run / the same with gradients x 2^10 (scale invariance
+    leaves it ~1; a normaliser's additive eps makes it large)."""
 
     errors: list[float]
     first_ok: bool | None
@@ -70,6 +75,9 @@ class Structure:
     factor_left: float
     along_param: float
     row_left: float
+    step_factors: list[float]
+    step_left: float
+    shrink: float
 
 
 def structure(case: Case, target: Target) -> Structure:
@@ -83,8 +91,8 @@ def structure(case: Case, target: Target) -> Structure:
     first_ok = None if pol is None else True
     per_step: dict[int, float] = {}
     num = den = 0.0
-    err_sq = left_sq = row_left_sq = 0.0
-    along = []
+    err_sq = left_sq = row_left_sq = step_left_sq = 0.0
+    along, step_factors = [], []
     for where, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
         k = int(where.rsplit(" ", 1)[1]) - 1
         if k == 0 and pol is not None:
@@ -97,6 +105,10 @@ def structure(case: Case, target: Target) -> Structure:
         per_step[k] = max(per_step.get(k, 0.0), err_norm / ref_norm if ref_norm else (math.inf if err_norm else 0.0))
         num += float(np.vdot(step, ref))
         den += float(np.vdot(ref, ref))
+        if ref_norm:
+            c_step = float(np.vdot(step, ref)) / ref_norm**2
+            step_factors.append(c_step)
+            step_left_sq += float(np.sum((step - c_step * ref) ** 2))
         err_sq += err_norm**2
         x_norm = float(np.linalg.norm(x_prev))
         if err_norm and x_norm:
@@ -109,10 +121,24 @@ def structure(case: Case, target: Target) -> Structure:
     for _, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
         left_sq += float(np.sum(((x_new - x_prev) - factor * (x_ref - x_prev)) ** 2))
     err_total = math.sqrt(err_sq)
+    rel = err_total / math.sqrt(den) if den else math.inf
+    scaled = _relative_error(case, target, inputs.scaled(SCALE_FACTOR))
     return Structure(errors=[per_step[k] for k in sorted(per_step)], first_ok=first_ok, factor=factor,
                      factor_left=math.sqrt(left_sq) / err_total if err_total else 0.0,
                      along_param=float(np.mean(along)) if along else 0.0,
-                     row_left=math.sqrt(row_left_sq) / err_total if err_total else 0.0)
+                     row_left=math.sqrt(row_left_sq) / err_total if err_total else 0.0,
+                     step_factors=step_factors, step_left=math.sqrt(step_left_sq) / err_total if err_total else 0.0,
+                     shrink=rel / scaled if scaled else (math.inf if rel else 1.0))
+
+
+def _relative_error(case: Case, target: Target, inputs: Inputs) -> float:
+    """||err|| / ||dref|| over every step and member of `target`'s run of `inputs`."""
+    traj = target.run(inputs.params, inputs.grads, case)
+    err_sq = ref_sq = 0.0
+    for _, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
+        err_sq += float(np.sum(((x_new - x_prev) - (x_ref - x_prev)) ** 2))
+        ref_sq += float(np.sum((x_ref - x_prev) ** 2))
+    return math.sqrt(err_sq / ref_sq) if ref_sq else math.inf
 
 
 def _by_check(records: list[Record]) -> dict[str, Record]:
@@ -181,6 +207,9 @@ def _constant_factor(s: Structure) -> str | None:
 
 def _from_structure(case: Case, s: Structure) -> str:
     errors = ", ".join(f"{e:.2g}" for e in s.errors)
+    if s.shrink > EPS_SHRINK:
+        return (f"normaliser-eps: the error shrinks {s.shrink:.3g}x when the gradients grow 2^10; an error "
+                f"that vanishes at scale is the normaliser's eps")
     if s.along_param > 0.5:
         return f"weight-decay: the error lies along the parameter (|cos| {s.along_param:.2f}); errors per step {errors}"
     decay = case.lr * case.weight_decay
@@ -190,6 +219,10 @@ def _from_structure(case: Case, s: Structure) -> str:
     scaled = _constant_factor(s)
     if scaled:
         return scaled
+    if s.step_factors and s.step_left < EXPLAINED and max(abs(c - 1.0) for c in s.step_factors) > SCALE_OFF:
+        return (f"lr-scale: each step is the reference's times its own factor ({min(s.step_factors):.4g} to "
+                f"{max(s.step_factors):.4g}; they explain {1 - s.step_left:.0%} of the error): the update's "
+                f"size is set wrong per parameter")
     if s.row_left < EXPLAINED:
         return (f"per-row-state: one factor per output row explains {1 - s.row_left:.0%} of the error "
                 f"(row statistics or row normalisation)")

@@ -3,10 +3,12 @@
 Every defect of the catalog (harness/selftest_catalog.py) runs through exactly the path a
 third-party target takes (its Target, harness.runner.run, every check, the diagnosis) on the
 CI-tier cases where it can show: those its `shows` names, minus the ill-posed ones (bf16 with
-rank-deficient gradients, judged for finiteness only) and, single-process, those where the defect
-leaves the mathematics alone (its fp64 updates within SHOWS of ours), at most CASES_PER_DEFECT,
-half of them with bf16 compute where there are such. The correct targets (ours, and torch on
-the cases it supports) run on every chosen case. Reported:
+rank-deficient gradients, judged for finiteness only; a Dion2 selection within rounding of a tie)
+and, single-process, those where the defect leaves the mathematics alone (its fp64 updates within
+SHOWS of ours) or its run is bitwise ours, at most CASES_PER_DEFECT, half of them with bf16
+compute where there are such. The correct targets (ours, and torch on the cases it supports) run
+on every chosen case. CI runs the quick tier (`candidates`: the first such case with bf16 compute
+and the first without) as one test per defect, tests/test_selftest_catalog.py. Reported:
 
   kill rate    per defect: cases flagged (some check fails or errors) / cases where it can show,
                over all chosen cases and over the bf16-compute ones
@@ -31,6 +33,7 @@ import torch
 
 from cases import Case, ci_cases
 from harness import checks, diagnosis, tolerance
+from harness.algorithms import algorithm
 from harness.inputs import make_inputs
 from harness.runner import run, run_case
 from harness.selftest_catalog import CATALOG, Defect, spec
@@ -117,14 +120,27 @@ def bitwise_ours(target: Target, ours: Target, case: Case) -> bool:
     return all(torch.equal(x, y) for sa, sb in zip(a, b) for x, y in zip(sa, sb))
 
 
+def selection_ill_posed(target: Target, case: Case) -> bool:
+    """Whether the reference skips `case` for `target` as ill-posed: a Dion2 selection whose margin
+    along the target's trajectory is within its momentum dtype's rounding (single-process)."""
+    if case.layout != "single":
+        return False
+    inputs = make_inputs(case)
+    margins: list[float] = []
+    traj = target.run(inputs.params, inputs.grads, case)
+    for _ in checks.reference_steps(case, target, inputs.params, inputs.grads, traj, margins):
+        pass
+    return algorithm(case).ill_posed(case, min(margins)) is not None
+
+
 def can_show(defect: Defect, target: Target, ours: Target, case: Case) -> bool:
     """`defect.shows(case)`, the case is not ill-posed (bf16 with rank-deficient gradients: judged
-    for finiteness only), and (single-process) the defect changes the fp64 updates by > SHOWS and
+    for finiteness only; a Dion2 selection within rounding of a tie), and (single-process) the defect changes the fp64 updates by > SHOWS and
     its trajectory in the case's own dtypes is not bitwise ours."""
     if not defect.shows(case):
         return False
     try:
-        if checks.policy(case, ours, make_inputs(case)).ill_posed():
+        if checks.policy(case, ours, make_inputs(case)).ill_posed() or selection_ill_posed(target, case):
             return False
     except tolerance.NoEntry:  # a harness gap: the defect cannot be judged there
         return False

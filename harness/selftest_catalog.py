@@ -25,7 +25,7 @@ from harness.targets.base import Target
 from harness.targets.controls import Control
 from optimizers import Algorithm
 from optimizers.algorithms.base import Group, State
-from optimizers.algorithms.dion2 import reduced_dims
+from optimizers.algorithms.dion2 import reduced_dims, selects_rows
 from optimizers.algorithms.muon import matrix_lr_scale, orthogonalize_group
 from optimizers.algorithms.normuon import normalise_rows
 from optimizers.coefficients import DEFAULT_STEPS, normaliser_scale, schedule
@@ -124,10 +124,11 @@ Change = Callable[[Coefficients, str, Group], tuple[Coefficients, float, float]]
 
 
 def _polynomial_stage(change: Change) -> Callable[[torch.Tensor, Group], torch.Tensor]:
-    """An orthogonalize stage running the polynomial iteration as `change` alters it (SVD unchanged)."""
+    """An orthogonalize stage running the polynomial iteration as `change` alters it (the others, SVD
+    and Gram Newton-Schulz, unchanged)."""
     def orthogonalize(mats: torch.Tensor, group: Group) -> torch.Tensor:
         name = group["orthogonalizer"]
-        if name == "svd":
+        if name not in ("newton_schulz", "polar_express"):
             return orthogonalize_group(mats, group)
         coefficients, safety, eps = change(schedule(name, group["ns_steps"] or DEFAULT_STEPS), name, group)
         return _polynomial(mats, group, coefficients, safety, eps)
@@ -274,8 +275,25 @@ def _splits_slices(case: Case) -> bool:
     dim = shard_dim(case.layout)
     if dim is None or not _split(case):
         return False
-    rows = case.optimizer == "nordion2" or matrix_dims(case.shape, case.flatten)[0] <= matrix_dims(case.shape, case.flatten)[1]
+    rows = selects_rows(case.shape, case.flatten, rows_only=case.optimizer == "nordion2")
     return dim not in reduced_dims(len(case.shape), case.flatten, rows)
+
+
+def _tiny_scale(case: Case) -> str | None:
+    """Why a momentum defect that only rescales U cannot be told from the orthogonalizer under tiny
+    gradients."""
+    if case.grad != "tiny":
+        return None
+    return ("tiny gradients: ||U|| is near the normaliser's eps, so U's scale changes the orthogonalized "
+            "direction and a momentum off by a factor is wrong from step 1, like the orthogonalizer")
+
+
+def _rank_one(case: Case) -> str | None:
+    """Why an orthogonalizer defect cannot be told from an lr scale on a rank-1 matrix view."""
+    if min(matrix_dims(case.shape, case.flatten)) != 1:
+        return None
+    return ("a 1 x n matrix has one singular value: any error of f(sigma) is one constant factor of "
+            "the step, which is what an lr-scale error is")
 
 
 def _non_square(case: Case) -> bool:
@@ -299,23 +317,30 @@ CATALOG: tuple[Defect, ...] = (
                                 "no structure that tells the two apart")),
     Defect("momentum-ema-sum-nesterov", _stage("momentum-ema-sum-nesterov", "direction", _ema_sum_nesterov),
            "momentum", lambda c: c.nesterov and c.steps > 1,
-           "EMA momentum with a sum-form Nesterov (heavyball's default form under a sum declaration)"),
+           "EMA momentum with a sum-form Nesterov (heavyball's default form under a sum declaration)",
+           ambiguous=_tiny_scale),
     Defect("nesterov-ignored", _stage("nesterov-ignored", "direction", _nesterov_ignored), "momentum",
-           lambda c: c.nesterov and c.steps > 1, "nesterov flag read from the wrong group key"),
+           lambda c: c.nesterov and c.steps > 1, "nesterov flag read from the wrong group key",
+           ambiguous=_tiny_scale),
     Defect("nesterov-lerp-swapped", _stage("nesterov-lerp-swapped", "direction", _nesterov_lerp_swapped),
            "momentum", lambda c: c.nesterov and c.steps > 1,
-           "physicsnemo#1743 review: Nesterov as a lerp, whose argument order is easy to swap"),
+           "physicsnemo#1743 review: Nesterov as a lerp, whose argument order is easy to swap",
+           ambiguous=_tiny_scale),
     Defect("ns-coefficient-typo", _stage("ns-coefficient-typo", "orthogonalize", _polynomial_stage(_ns_typo)),
            "orthogonalizer", lambda c: c.orthogonalizer == "newton_schulz",
-           "templar#493 review: wrong Newton-Schulz coefficients; here one digit"),
+           "templar#493 review: wrong Newton-Schulz coefficients; here one digit",
+           ambiguous=_rank_one),
     Defect("pe-coefficient-typo", _stage("pe-coefficient-typo", "orthogonalize", _polynomial_stage(_pe_typo)),
            "orthogonalizer", lambda c: c.orthogonalizer == "polar_express",
-           "Polar Express tables copied by hand (dion folds its own safety factor in)"),
+           "Polar Express tables copied by hand (dion folds its own safety factor in)",
+           ambiguous=_rank_one),
     Defect("pe-no-safety", _stage("pe-no-safety", "orthogonalize", _polynomial_stage(_pe_no_safety)),
            "orthogonalizer", lambda c: c.orthogonalizer == "polar_express",
-           "Polar Express Algorithm 1's 1.01 safety factor left out of the normaliser"),
+           "Polar Express Algorithm 1's 1.01 safety factor left out of the normaliser",
+           ambiguous=_rank_one),
     Defect("one-step-short", _stage("one-step-short", "orthogonalize", _polynomial_stage(_one_step_short)),
-           "orthogonalizer", lambda c: c.orthogonalizer != "svd", "off-by-one in the iteration loop"),
+           "orthogonalizer", lambda c: c.orthogonalizer != "svd", "off-by-one in the iteration loop",
+           ambiguous=_rank_one),
     Defect("normaliser-eps-large", _stage("normaliser-eps-large", "orthogonalize", _polynomial_stage(_large_eps)),
            "normaliser-eps", lambda c: c.orthogonalizer != "svd" and c.grad in ("gaussian", "lowrank"),
            "eps = 1e-2 in X / (||X|| + eps), a value from another code path"),
@@ -351,7 +376,8 @@ CATALOG: tuple[Defect, ...] = (
     Defect("layer-mixing", controls.layer_mixing, "members-mixed", lambda c: c.flatten and c.megabatch > 1,
            "context report 000: stacked [N, out, ...] reshaped to [N, numel]"),
     Defect("stack-norm", controls.stack_norm, "members-mixed",
-           lambda c: c.megabatch > 1 and c.orthogonalizer != "svd", "one Frobenius norm over the whole megabatch"),
+           lambda c: c.megabatch > 1 and c.orthogonalizer in ("newton_schulz", "polar_express"),
+           "one Frobenius norm over the whole megabatch"),
     Defect("flatten-4d-only", _stage("flatten-4d-only", "select", _select_flatten_4d_only), "flattened-geometry",
            lambda c: c.flatten and len(c.shape) in (3, 5), "KellerJordan/Muon flattens only 4-D parameters"),
     Defect("local-shard", distributed_controls.local_shard, "shard-local",

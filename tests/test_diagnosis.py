@@ -54,6 +54,12 @@ def test_nothing_failing_gets_no_diagnosis_and_annotate_touches_only_failing_rec
     ("nesterov-lerp-swapped", FP32),
     ("normuon-variance-bf16", dataclasses.replace(FP32, optimizer="normuon", megabatch=1)),
     ("ns-coefficient-typo", dataclasses.replace(FP32, orthogonalizer="newton_schulz", megabatch=1)),
+    # no scale check on lowrank gradients: the structure reruns the case with gradients x 2^10
+    ("normaliser-eps-large", Case.from_id("normuon/linear-12x20/mb2/noflat/fp32@fp32/pe/rms_norm/nesterov/wd0.1/"
+                                          "steps3/lowrank/seed0")),
+    # one factor per member and step (the norm restored to a constant RMS), not one per row
+    ("normuon-rms-rescale", Case.from_id("normuon/linear_tall-24x6/mb3/noflat/fp64@fp32/pe/rms_norm/plain/wd0/"
+                                         "steps3/gaussian/seed0")),
 ])
 def test_structural_rules_name_the_defect(defect, case):
     d = BY_NAME[defect]

@@ -50,3 +50,16 @@ def test_a_surviving_defect_fails_the_selftest():
     outcome = selftest.selftest(limit=1, defects=(harmless,))
     assert outcome.survivors and not outcome.passed
     assert "SURVIVED nudge" in selftest.render(outcome)
+
+
+def test_a_case_where_the_defect_runs_bitwise_ours_is_not_one_where_it_can_show():
+    """Momentum rounded to bf16, one plain step, bf16 compute: the orthogonalization rounds U to bf16
+    anyway, so no check of any harness can see it there, though in fp64 it changes the update."""
+    from cases import Case
+    case = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0")
+    defect, ours = BY_NAME["momentum-bf16"], load_target("ours")
+    assert selftest.effect(defect.make(), ours, case) > selftest.SHOWS
+    assert selftest.bitwise_ours(defect.make(), ours, case)
+    assert not selftest.can_show(defect, defect.make(), ours, case)
+    fp32 = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@fp32/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0")
+    assert selftest.can_show(defect, defect.make(), ours, fp32)  # its negative control
