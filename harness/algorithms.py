@@ -23,6 +23,7 @@ from oracles import (Conventions, Dion2Hyper, MuonHyper, NorDion2Hyper, NorMuonH
                      initial_variance, reference_dion2_step, reference_muon_step, reference_nordion2_step,
                      reference_normuon_step)
 from oracles.dion2_reference import selects_rows
+from oracles.tensor_parallel import reference_tp_muon_step
 from oracles.rounding import machine_epsilon
 
 Step = Callable[[np.ndarray, Any, np.ndarray], tuple[np.ndarray, Any, float]]
@@ -56,11 +57,30 @@ def _row_blocks(case: Case) -> list[int] | None:
 
 
 def _muon(case: Case, conv: Conventions) -> Oracle:
+    """Muon's reference; under a TP layout its same-sharding one (oracles/tensor_parallel.py): the
+    whole matrix for gather, each TP shard alone for per_shard, per head block with heads."""
     hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    tp = case.tensor_parallel
 
     def step(x: np.ndarray, m: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        return (*reference_muon_step(x, m, g, hyper, conv), math.inf)
+        if tp is None:
+            return (*reference_muon_step(x, m, g, hyper, conv), math.inf)
+        return (*reference_tp_muon_step(x, m, g, hyper, conv, tp.mode, tp.dim, tp.degree(case.world_size),
+                                        tp.heads), math.inf)
     return Oracle(np.zeros(case.shape), step)
+
+
+def _muon_invariant(case: Case) -> bool:
+    """Layout invariant except per_shard TP, which depends on the TP degree, unless every TP shard
+    holds whole heads (then it is the unsharded per-head update: per-head exactness)."""
+    tp = case.tensor_parallel
+    return tp is None or tp.mode == "gather" or tp.heads is not None
+
+
+def _muon_options(case: Case) -> dict[str, Any]:
+    """A TP case's mode and heads (optimizers/tensor_parallel.py)."""
+    tp = case.tensor_parallel
+    return {} if tp is None else {"tp_mode": tp.mode, "num_heads": tp.heads}
 
 
 def _normuon(case: Case, conv: Conventions) -> Oracle:
@@ -160,7 +180,7 @@ def _dion2_options(case: Case) -> dict[str, Any]:
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("muon", _muon),
+    Algorithm("muon", _muon, layout_invariant=_muon_invariant, options=_muon_options),
     Algorithm("normuon", _normuon, layout_invariant=lambda case: shard_dim(case.layout) is None),
     Algorithm("dion2", _dion2, _selection_ill_posed, _fraction_one("muon"), _dion2_invariant, _dion2_options),
     Algorithm("nordion2", _nordion2, _selection_ill_posed, _fraction_one("normuon"), _nordion2_invariant,

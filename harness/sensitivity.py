@@ -33,6 +33,7 @@ from cases import Case
 from oracles import Conventions, MuonHyper, Orthogonalizer, matrix_view, round_to
 from oracles.coefficients import Coefficients
 from oracles.muon_reference import momentum_and_direction
+from oracles.tensor_parallel import piece_bounds
 
 RANK_GAP = 4.0
 """A singular value in (cutoff / RANK_GAP, cutoff * RANK_GAP) makes the SVD's rank decision ambiguous:
@@ -109,16 +110,41 @@ def _squares(spec: Orthogonalizer, s: np.ndarray, shape: tuple[int, int]) -> tup
 
 def of_direction(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> Sensitivity:
     """Sensitivity of orth(u) for one parameter-shaped direction `u` (already in the compute format)."""
-    mats = matrix_view(np.asarray(u, np.float64), flatten)
-    s = np.linalg.svd(mats, compute_uv=False)
-    err_sq, ref_sq, note = _squares(spec, s, mats.shape[-2:])
-    live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
-    condition = 1.0
-    if live.size:
-        with np.errstate(divide="ignore"):
-            condition = float(np.max(live[:, 0] / live[:, -1]))
+    return of_matrices([matrix_view(np.asarray(u, np.float64), flatten)], spec)
+
+
+def of_matrices(stacks: Sequence[np.ndarray], spec: Orthogonalizer) -> Sensitivity:
+    """Sensitivity of orthogonalizing every matrix of `stacks` (each [B, m, n]; shapes may differ
+    between stacks, as the uneven TP shards of one direction do)."""
+    err_sq = ref_sq = 0.0
+    notes, condition = [], 1.0
+    for mats in stacks:
+        if mats.size == 0:
+            continue
+        s = np.linalg.svd(mats, compute_uv=False)
+        e, r, note = _squares(spec, s, mats.shape[-2:])
+        err_sq, ref_sq = err_sq + e, ref_sq + r
+        notes += [note] if note else []
+        live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
+        if live.size:
+            with np.errstate(divide="ignore"):
+                condition = max(condition, float(np.max(live[:, 0] / live[:, -1])))
     amplification = math.sqrt(err_sq / ref_sq) if ref_sq > 0.0 else 0.0
-    return Sensitivity(amplification, condition, note)
+    return Sensitivity(amplification, condition, notes[0] if notes else "")
+
+
+def tp_matrices(u: np.ndarray, case: Case) -> list[np.ndarray]:
+    """The matrices a TP case orthogonalizes (oracles/tensor_parallel.py): the whole matrix for gather,
+    each TP shard for per_shard, each one's head blocks with heads."""
+    tp = case.tensor_parallel
+    blocks = [u]
+    if tp.mode == "per_shard":
+        cut = (lambda lo, hi: u[lo:hi]) if tp.dim == 0 else (lambda lo, hi: u[:, lo:hi])
+        blocks = [cut(lo, hi) for lo, hi in piece_bounds(u.shape[tp.dim], tp.degree(case.world_size)) if hi > lo]
+    if tp.heads is None:
+        return [b[None] for b in blocks]
+    head_dim = u.shape[0] // tp.heads
+    return [b.reshape(-1, head_dim, b.shape[1]) for b in blocks]
 
 
 def of_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]]) -> list[list[Sensitivity]]:
@@ -131,6 +157,8 @@ def of_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]]
         row = []
         for step in grads:
             m, u = momentum_and_direction(m, np.asarray(step[i], np.float64), hyper, conv)
-            row.append(of_direction(round_to(u, conv.compute_dtype), conv.orthogonalizer, case.flatten))
+            rounded = round_to(u, conv.compute_dtype)
+            row.append(of_direction(rounded, conv.orthogonalizer, case.flatten) if case.tensor_parallel is None
+                       else of_matrices(tp_matrices(rounded, case), conv.orthogonalizer))
         out.append(row)
     return out
