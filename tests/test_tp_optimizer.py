@@ -231,3 +231,31 @@ def test_num_heads_single_process_is_each_head_alone():
 def test_bad_tp_options_raise_naming_the_option(options, message):
     with pytest.raises(ValueError, match=message):
         optimizers.Muon([nn.Parameter(torch.zeros(12, 5))], **options)
+
+
+def normuon_per_shard(ctx) -> float:
+    """Rank side: NorMuon per_shard on a column-parallel weight (10 rows over the "tp" ranks) against
+    single-process NorMuon stepping this rank's shard as a parameter of its own (adjust_lr=None, so
+    the global and the shard's lr scale agree); returns the largest difference over 2 steps."""
+    mesh = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    full, grads = torch.randn(10, 6), [torch.randn(10, 6) for _ in range(2)]
+    sharded = nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
+    alone = nn.Parameter(sharded.to_local().clone())
+    options = dict(adjust_lr=None, weight_decay=0.1, nesterov=True)
+    tp_opt = optimizers.NorMuon([sharded], mesh=mesh, tp_mode="per_shard", **options)
+    one = optimizers.NorMuon([alone], **options)
+    worst = 0.0
+    for g in grads:
+        sharded.grad = distribute_tensor(g, mesh, [Shard(0)])
+        alone.grad = sharded.grad.to_local().clone()
+        tp_opt.step()
+        one.step()
+        worst = max(worst, (sharded.to_local() - alone).abs().max().item())
+    return worst
+
+
+def test_normuon_per_shard_is_normuon_on_each_column_parallel_shard():
+    result = pools().run("gloo", 2, normuon_per_shard)
+    assert result.ok, result.describe()
+    assert result.values == [0.0, 0.0], result.values
