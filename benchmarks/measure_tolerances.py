@@ -3,24 +3,41 @@
 For every case of a tier (a distributed one as its single-process equivalent), optimizers.Muon runs on the device and each step is
 compared with the FP64 oracle. A step needs rtol = (||err|| - storage allowance) / ||delta_ref||;
 divided by u * max(1, A) (harness/sensitivity.py: the amplification at the singular values of the
-direction that step orthogonalizes) that is the step's coefficient c. Per policy key (optimizer,
-param@compute, schedule class, conditioning class) the file records the worst c (the policy uses
-3x it, rounded up to 1-2-5), the median, the number of cases and the worst case's id.
+direction that step orthogonalizes) that is the step's coefficient c. Each case is measured twice: as
+drawn, and with its gradients x 2^10 (the run the `scale` check judges against its own reference).
+Per policy key (optimizer, param@compute, schedule class, conditioning class) the file records the
+worst c (the policy's coefficient is derived from it: harness/tolerance.py), the median, the number
+of runs and the worst run's id.
 
 Declared compute formats the tiers lack are measured by running the same polynomial cases with
 Muon's compute dtype replaced: fp64 parameters computed in bf16 and in fp16, fp32 and bf16
 parameters computed in fp16 (Gram Newton-Schulz peers compute in fp16). "huge" gradients are left
 out of fp16 (1e10 does not fit its range; the oracle's rounded direction is then infinite).
-Cases with an SVD rank cut-off among their singular values are not counted (no rtol judges them).
+Runs with an SVD rank cut-off among their singular values or an ill-posed Dion2 selection are not
+counted (no rtol judges them).
 
   python benchmarks/measure_tolerances.py --device cpu --out harness/tolerance_measured/cpu.json
   python benchmarks/measure_tolerances.py --device cuda --out harness/tolerance_measured/cuda.json
       [--tier ci|nightly] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
+      [--drawn N --drawn-seed S --optimizers NAME ... --per-key K] [--merge FILE ... [--drop REGEX]]
+      [--shard I/N]
 
-The committed cpu.json was measured with --whole '^[a-z]+/[a-z0-9_]+-[0-9x]+/' --skip '_big-.*/noflat' ... see its "command"
-field: every case of the CI-sized layers (they reach every key a Hypothesis case can), every 24th of the
-large layers' and none of the large convolutions' noflat ones (thousands of 3x3 kernel matrices, which
-the CI-sized noflat convolutions cover), in the time a 2-core machine shared by many allowed.
+--drawn N also measures N cases drawn from cases.strategies.cases, the strategy the property tests
+draw from (tests/test_properties.py, tests/test_dion2.py): any CI-sized layer, megabatch, 1-3 steps,
+any seed and fraction, so every key a property test can reach is measured on the cases that reach
+it, not only on the tiers' few (a rank-1 fp32 Polar Express key had 3 tier cases, all within the
+storage allowance, and a Hypothesis case needed 4x its coefficient). --tier none measures drawn cases
+alone; --per-key K skips a case whose key already has K measured cases (the --merge files' count too),
+so the time goes to the keys few cases reach.
+--merge FILE ... folds earlier measurement files into --out: per key the worst of all files (and
+its case), the median of the largest file, counts summed; --drop REGEX leaves out the merged
+files' keys that match (stale ones, e.g. measured before their amplification changed).
+
+The committed cpu.json is a merge (its "command" field lists every run): the whole nightly tier for
+Muon and NorMuon, the CI tier's Dion2 and NorDion2 cases, and cases drawn by the property tests'
+strategy (Muon, Dion2, NorDion2; --per-key for the rare keys), in the time a 2-core machine shared
+by many allowed. Its Dion2/NorDion2 entries were re-measured after their amplification became that
+of the selected submatrix (the older ones were dropped with --drop).
 """
 
 from __future__ import annotations
@@ -33,7 +50,7 @@ import platform
 import re
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
@@ -42,7 +59,8 @@ import torch
 
 from cases import Case, tier
 from harness import backends, sensitivity, tolerance
-from harness.checks import reference_steps
+from harness.algorithms import algorithm
+from harness.checks import SCALE_FACTOR, reference_steps, unscalable
 from harness.dtypes import TORCH_DTYPES
 from harness.inputs import f64, make_inputs
 from harness.metrics import compare_step
@@ -77,60 +95,159 @@ def runs(cases: list[Case]) -> list[tuple[Case, OursMuon]]:
     out: list[tuple[Case, OursMuon]] = [(c, OursMuon()) for c in cases]
     for c in cases:
         for compute in VARIANTS.get((c.param_dtype, c.compute_dtype), ()):
-            if c.orthogonalizer != "svd" and not (compute == "fp16" and c.grad == "huge"):
+            if c.orthogonalizer != "svd" and not (compute == "fp16" and c.grad in FP16_UNDECLARABLE.get(c.orthogonalizer,
+                                                                                                     ("huge",))):
                 out.append((c, DeclaredCompute(compute)))
     return out
 
 
-def measure(case: Case, target: OursMuon, device: torch.device) -> tuple[tolerance.Key, float] | None:
-    """(policy key, worst coefficient c over the case's steps), or None if an SVD rank cut-off sits
-    among the direction's singular values (no rtol can judge that case)."""
-    inputs = backends.on_device(make_inputs(case), device)
-    traj = target.run(inputs.params, inputs.grads, case)
+FP16_UNDECLARABLE = {"gram_newton_schulz": ("huge", "tiny")}
+"""Gradient kinds whose fp16 runs the declared rounding cannot describe, per orthogonalizer (default: huge,
+which does not fit fp16's range). Gram Newton-Schulz also leaves out tiny (1e-10) ones: it normalises in fp32
+before rounding to fp16 (optimizers/gram_newton_schulz.normalised), while the reference rounds U to the
+declared fp16 first, where 1e-10 underflows (measured: c up to inf on the nightly tier)."""
+
+
+def drawn(n: int, at: int, optimizers: tuple[str, ...]) -> list[Case]:
+    """Up to `n` distinct cases drawn by the property tests' strategy, reproducibly (Hypothesis seed `at`)."""
+    if not n:
+        return []
+    from hypothesis import HealthCheck, Phase, given, seed, settings  # a test dependency: only for --drawn
+
+    from cases import strategies
+    found: list[Case] = []
+
+    @seed(at)
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategies.cases(optimizers=optimizers))
+    def collect(case: Case) -> None:
+        found.append(case)
+    collect()
+    return list(dict.fromkeys(found))
+
+
+TOTALS = ("cases", "runs", "ill_posed_not_counted", "seconds")
+"""Meta fields of a measurement file that a merge sums."""
+
+
+def merged(entries: dict[str, dict], files: list[Path], drop: str | None
+           ) -> tuple[dict[str, dict], list[str], dict[str, float]]:
+    """`entries` with the entries of measurement `files` folded in (see --merge), the files'
+    commands and their TOTALS summed."""
+    out = {k: dict(v) for k, v in entries.items()}
+    commands, totals = [], dict.fromkeys(TOTALS, 0.0)
+    for path in files:
+        data = json.loads(path.read_text())
+        commands.append(f"{data['command']}  # {data.get('tier', '?')} tier, {data.get('date', '?')}")
+        for name in TOTALS:
+            totals[name] += data.get(name, 0)
+        for key, v in data["entries"].items():
+            if drop and re.search(drop, key):
+                continue
+            if key not in out:
+                out[key] = dict(v)
+                continue
+            mine = out[key]
+            worst = v if v["worst"] > mine["worst"] else mine
+            median = v["median"] if v["n"] > mine["n"] else mine["median"]
+            out[key] = {**worst, "median": median, "n": mine["n"] + v["n"]}
+    return out, commands, totals
+
+
+def policy_key(case: Case, target: OursMuon) -> str:
+    """The policy key of `case` as `target` declares it (from the FP64 oracle alone: cheap)."""
     conv = target.conventions(case)
-    sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in inputs.grads])
-    if any(s.ambiguous_rank for row in sens for s in row):
-        return None
-    u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
-    worst = 0.0
-    for n, (_, x_prev, x_new, x_ref) in enumerate(reference_steps(case, target, inputs.params, inputs.grads, traj)):
-        m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, tolerance.STORAGE_ULPS)
-        needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
-        i, k = divmod(n, case.steps)
-        worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
-    return tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst
+    sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in make_inputs(case).grads])
+    return str(tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)))
+
+
+def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[tolerance.Key, float, str]]:
+    """(policy key, worst coefficient c over the steps, which run) of the case's run and of its scaled
+    run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run is
+    left out where an SVD rank cut-off sits among its direction's singular values or its selection is
+    ill-posed (no rtol can judge it)."""
+    base = backends.on_device(make_inputs(case), device)
+    out = []
+    scaled = [] if unscalable(target.conventions(case).compute_dtype) else [
+        (base.scaled(SCALE_FACTOR), f" scaled x {SCALE_FACTOR:g}")]
+    for inputs, label in [(base, ""), *scaled]:
+        traj = target.run(inputs.params, inputs.grads, case)
+        conv = target.conventions(case)
+        sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in inputs.grads])
+        if any(s.ambiguous_rank for row in sens for s in row):
+            continue
+        u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
+        margins: list[float] = []
+        steps = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
+        if algorithm(case).ill_posed(case, min(margins)):
+            continue
+        worst = 0.0
+        for n, (_, x_prev, x_new, x_ref) in enumerate(steps):
+            m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, tolerance.STORAGE_ULPS)
+            needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
+            i, k = divmod(n, case.steps)
+            worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
+        out.append((tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst, label))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=tolerance.DEVICE_CLASSES)
     parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
-    parser.add_argument("--tier", default="nightly", choices=("ci", "nightly"))
+    parser.add_argument("--tier", default="nightly", choices=("ci", "nightly", "none"),
+                        help="tier whose cases are measured (none: only --drawn cases)")
     parser.add_argument("--select", nargs="*", default=[], help="only cases whose id contains one of these")
     parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")
     parser.add_argument("--whole", default=None, help="cases whose id matches this regular expression are all "
                         "measured, like the CI tier's")
     parser.add_argument("--every", type=int, default=1, help="every N-th of the other selected cases (the CI tier is always measured whole)")
+    parser.add_argument("--shard", default="0/1", help="I/N: only the I-th of N interleaved slices of the runs "
+                        "(shards run in parallel and are merged)")
+    parser.add_argument("--drawn", type=int, default=0, help="also N cases drawn by the property tests' strategy")
+    parser.add_argument("--drawn-seed", type=int, default=0, help="Hypothesis seed of --drawn")
+    parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
+    parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
+    parser.add_argument("--per-key", type=int, default=0, help="skip a case whose key already has this many "
+                        "measured cases (--merge files count): time goes to the keys few cases reach")
     args = parser.parse_args()
+    if args.drawn < 0 or args.every < 1:
+        parser.error("--drawn must be >= 0 and --every >= 1")
+    missing = [str(p) for p in args.merge if not p.is_file()]
+    if missing:
+        parser.error(f"--merge: no such file {missing}")
     start = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device visible")
     device = backends.get(args.device).device()
     torch.set_num_threads(1)
-    ci = set(map(single, tier("ci")))
-    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier)))
+    ci = set(map(single, tier("ci"))) if args.tier != "none" else set()
+    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier) if args.tier != "none" else []))
               if (not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))]
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
-    todo = runs(cases)
+    cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    if not 0 <= shard < shards:
+        parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N")
+    todo = runs(cases)[shard::shards]
     found: dict[tolerance.Key, list[tuple[float, str]]] = defaultdict(list)
-    ill_posed = 0
+    counts = Counter({k: v["n"] for k, v in merged({}, args.merge, args.drop)[0].items()})
+    ill_posed = skipped = ran = 0
     for n, (case, target) in enumerate(todo, 1):
+        if args.per_key and counts[policy_key(case, target)] >= args.per_key:
+            skipped += 1
+            continue
         got = measure(case, target, device)
-        if got is None:
-            ill_posed += 1
-        else:
-            found[got[0]].append((got[1], case.id + ("" if type(target) is OursMuon else f" computed in {target.compute}")))
+        attempted = 1 if unscalable(target.conventions(case).compute_dtype) else 2
+        ran += attempted
+        ill_posed += attempted - len(got)
+        for key, worst, label in got:
+            counts[str(key)] += 1
+            found[key].append((worst, case.id + ("" if type(target) is OursMuon else f" computed in {target.compute}")
+                                + label))
         if n % 100 == 0 or n == len(todo):
             spent = time.perf_counter() - start
             print(f"[{n}/{len(todo)}] {spent:.0f}s, ~{spent / n * (len(todo) - n):.0f}s left", file=sys.stderr,
@@ -143,17 +260,19 @@ def main() -> None:
         entries[str(key)] = asdict(tolerance.Measurement(float(worst_c), float(np.median(v)), int(v.size), worst_id))
         print(f"{str(key):42} {v.size:5d} {np.median(v):9.3g} {worst_c:9.3g} {tolerance.coefficient(worst_c):9.3g}  "
               f"{worst_id}")
+    entries, commands, totals = merged(entries, args.merge, args.drop)
     seconds = time.perf_counter() - start
     name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
-    meta = {"command": "python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]),
+    meta = {"command": " ; ".join(["python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]), *commands]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
-            "cases": len(cases), "runs": len(todo), "ill_posed_not_counted": ill_posed,
-            "seconds": round(seconds, 1), "entries": entries}
+            "cases": len(cases) + int(totals["cases"]), "runs": ran + int(totals["runs"]),
+            "ill_posed_not_counted": ill_posed + int(totals["ill_posed_not_counted"]),
+            "seconds": round(seconds + totals["seconds"], 1), "entries": entries}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}: {len(entries)} keys from {len(todo)} runs ({ill_posed} ill-posed, not counted) "
-          f"in {seconds:.0f}s", file=sys.stderr)
+    print(f"wrote {args.out}: {len(entries)} keys from {ran} runs ({ill_posed} ill-posed, not "
+          f"counted; {skipped} cases skipped by --per-key) in {seconds:.0f}s", file=sys.stderr)
 
 
 if __name__ == "__main__":

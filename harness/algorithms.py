@@ -6,6 +6,10 @@ entry in `ALGORITHMS`.
 
 Oracle step contract: `step(x, state, g) -> (x, state, margin)` in FP64, `margin` the selection
 margin of a selecting algorithm (inf for the others; see oracles/dion2_reference.py).
+Direction contract (what the tolerance policy reads the spectrum of, harness/sensitivity.py):
+`step(m, g) -> (m, mats)`, mats [B, r, c] the matrices the oracle's step orthogonalizes, in the
+declared compute format: Muon's and NorMuon's momentum/Nesterov direction, Dion2's selected
+submatrices (not the whole momentum: a few selected slices can be far worse conditioned).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from cases.layouts import piece_sizes, shard_dim
 from oracles import (Conventions, Dion2Hyper, MuonHyper, NorDion2Hyper, NorMuonHyper, initial_row_variance,
                      initial_variance, reference_dion2_step, reference_muon_step, reference_nordion2_step,
                      reference_normuon_step)
-from oracles.dion2_reference import selects_rows
-from oracles.tensor_parallel import reference_tp_muon_step
-from oracles.rounding import machine_epsilon
+from oracles.dion2_reference import selected_direction, selects_rows
+from oracles.muon_reference import matrix_view, momentum_and_direction
+from oracles.rounding import machine_epsilon, round_to
+from oracles.tensor_parallel import piece_bounds, reference_tp_muon_step
 
 Step = Callable[[np.ndarray, Any, np.ndarray], tuple[np.ndarray, Any, float]]
 
@@ -36,15 +41,23 @@ class Oracle:
 
 
 @dataclass(frozen=True)
+class Directions:
+    initial: Any
+    step: Callable[[Any, np.ndarray], tuple[Any, np.ndarray]]
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """name: `Case.optimizer`; oracle(case, conv): the FP64 reference of one member;
     ill_posed(case, margin): why a reference comparison with that selection margin is ill-posed;
     equivalent(case): a case of another algorithm whose steps this case's must equal (or None);
     layout_invariant(case): whether a distributed step must equal the single-process step;
-    options(case): the algorithm's own optimizer options a case sets (beyond Muon's)."""
+    options(case): the algorithm's own optimizer options a case sets (beyond Muon's);
+    directions(case, conv): what each FP64 oracle step orthogonalizes (the direction contract)."""
 
     name: str
     oracle: Callable[[Case, Conventions], Oracle]
+    directions: Callable[[Case, Conventions], Directions]
     ill_posed: Callable[[Case, float], str | None] = lambda case, margin: None
     equivalent: Callable[[Case], Case | None] = lambda case: None
     layout_invariant: Callable[[Case], bool] = lambda case: True
@@ -81,6 +94,32 @@ def _muon_options(case: Case) -> dict[str, Any]:
     """A TP case's mode and heads (optimizers/tensor_parallel.py)."""
     tp = case.tensor_parallel
     return {} if tp is None else {"tp_mode": tp.mode, "num_heads": tp.heads}
+
+
+def tp_matrices(u: np.ndarray, case: Case) -> list[np.ndarray]:
+    """The matrices a TP case orthogonalizes, as stacks [B, m, n] (uneven shards differ in shape): the
+    whole matrix for gather, each TP shard for per_shard, each one's head blocks with heads."""
+    tp = case.tensor_parallel
+    blocks = [u]
+    if tp.mode == "per_shard":
+        cut = (lambda lo, hi: u[lo:hi]) if tp.dim == 0 else (lambda lo, hi: u[:, lo:hi])
+        blocks = [cut(lo, hi) for lo, hi in piece_bounds(u.shape[tp.dim], tp.degree(case.world_size)) if hi > lo]
+    if tp.heads is None:
+        return [b[None] for b in blocks]
+    head_dim = u.shape[0] // tp.heads
+    return [b.reshape(-1, head_dim, b.shape[1]) for b in blocks]
+
+
+def _momentum_directions(case: Case, conv: Conventions) -> Directions:
+    """Muon's and NorMuon's: U (momentum, or its Nesterov form) in the compute format, per matrix of the view."""
+    hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+
+    def step(m: Any, g: np.ndarray) -> tuple[Any, np.ndarray]:
+        m, u = momentum_and_direction(m, g, hyper, conv)
+        if case.tensor_parallel is not None:
+            return m, tp_matrices(round_to(u, conv.compute_dtype), case)
+        return m, matrix_view(round_to(u, conv.compute_dtype), case.flatten)
+    return Directions(np.zeros(case.shape), step)
 
 
 def _normuon(case: Case, conv: Conventions) -> Oracle:
@@ -121,6 +160,18 @@ def _dion2(case: Case, conv: Conventions) -> Oracle:
     def step(x: np.ndarray, m: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         return reference_dion2_step(x, m, g, hyper, conv, blocks)
     return Oracle(np.zeros(case.shape), step)
+
+
+def _selected_directions(case: Case, conv: Conventions) -> Directions:
+    """Dion2's and NorDion2's: the selected submatrices of the error-feedback momentum."""
+    hyper = Dion2Hyper(case.lr, case.fraction, case.ef_decay, case.weight_decay, case.flatten,
+                       rows_only=case.optimizer == "nordion2")
+    blocks = selection_blocks(case)
+
+    def step(m: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sel = selected_direction(m, g, hyper, conv, blocks)
+        return sel.momentum, sel.inputs
+    return Directions(np.zeros(case.shape), step)
 
 
 def _nordion2(case: Case, conv: Conventions) -> Oracle:
@@ -180,11 +231,12 @@ def _dion2_options(case: Case) -> dict[str, Any]:
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("muon", _muon, layout_invariant=_muon_invariant, options=_muon_options),
-    Algorithm("normuon", _normuon, layout_invariant=lambda case: shard_dim(case.layout) is None),
-    Algorithm("dion2", _dion2, _selection_ill_posed, _fraction_one("muon"), _dion2_invariant, _dion2_options),
-    Algorithm("nordion2", _nordion2, _selection_ill_posed, _fraction_one("normuon"), _nordion2_invariant,
+    Algorithm("muon", _muon, _momentum_directions, layout_invariant=_muon_invariant, options=_muon_options),
+    Algorithm("normuon", _normuon, _momentum_directions, layout_invariant=lambda case: shard_dim(case.layout) is None),
+    Algorithm("dion2", _dion2, _selected_directions, _selection_ill_posed, _fraction_one("muon"), _dion2_invariant,
               _dion2_options),
+    Algorithm("nordion2", _nordion2, _selected_directions, _selection_ill_posed, _fraction_one("normuon"),
+              _nordion2_invariant, _dion2_options),
 )}
 
 

@@ -190,14 +190,27 @@ def _comparable(base: dict[str, Any], head: dict[str, Any], names: tuple[Path, P
                          f"--force compares them anyway")
 
 
-def _write_diff(base: Run, head: Run, base_dir: Path, out: Path, growth: float) -> bool:
-    """Write out/diff.html and out/diff.md; True if the head regressed."""
+def _across_backends(base: dict[str, Any], head: dict[str, Any]) -> bool:
+    """Whether two runs judged different backends (gloo vs nccl, cpu vs cuda): their diff then pairs
+    each case across the backends (reports.diff)."""
+    names = [sorted(b for b in str(ctx.get("backends", "")).split(",") if b) for ctx in (base, head)]
+    return all(names) and names[0] != names[1]
+
+
+def _write_diff(base: Run, head: Run, base_dir: Path, out: Path, growth: float, across: bool = False) -> bool:
+    """Write out/diff.html and out/diff.md (pairing cases across backends if `across`); True if the
+    head regressed."""
     (base_records, base_ctx), (head_records, head_ctx) = base, head
-    diff = diff_runs(base_records, head_records, growth=growth)
+    try:
+        diff = diff_runs(base_records, head_records, growth=growth, across_backends=across)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     (out / "diff.html").write_text(render_diff_html(diff, base_ctx, head_ctx))
     (out / "diff.md").write_text(render_diff_markdown(diff, base_ctx, head_ctx))
     verdict = "REGRESSED" if diff.regressed else "no regression"
-    print(f"diff against {base_dir}: {verdict} ({', '.join(f'{len(v)} {k}' for k, v in diff.categories().items() if v)}); "
+    paired = (f" paired across backends {base_ctx.get('backends')} -> {head_ctx.get('backends')};"
+              if across else "")
+    print(f"diff against {base_dir}:{paired} {verdict} ({', '.join(f'{len(v)} {k}' for k, v in diff.categories().items() if v)}); "
           f"{out}/diff.html", file=sys.stderr)
     return diff.regressed
 
@@ -351,10 +364,14 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    """Two runs of the same backends pair record by record; runs of different backends (gloo and
+    nccl, cpu and cuda) pair each case across them, and must agree on everything else."""
     base, head = _load(args.base), _load(args.head)
-    _comparable(base[1], head[1], (args.base, args.head), args.force)
+    across = _across_backends(base[1], head[1])
+    keys = tuple(k for k in COMPARABLE_BY if k != "backends") if across else COMPARABLE_BY
+    _comparable(base[1], head[1], (args.base, args.head), args.force, keys)
     out = _output_dir(args.out, [args.base, args.head])
-    return 1 if _write_diff(base, head, args.base, out, args.growth) else 0
+    return 1 if _write_diff(base, head, args.base, out, args.growth, across) else 0
 
 
 def cmd_trend(args: argparse.Namespace) -> int:

@@ -105,7 +105,9 @@ def _run_distributed(case: Case, target: Target, target_spec: str, backend: Back
                    f"traceback:\n{result.describe()}")
         return [_record(case, target, n, "error", backend.name, repro, time.perf_counter() - start, message=message)
                 for n in names]
-    inputs, pieces = make_inputs(case), result.values
+    # Judged on the backend's device: the policy's device class and the single-process run of `layout` are
+    # those of the ranks (cuda for nccl), not of the host the records are gathered on.
+    inputs, pieces = backends.on_device(make_inputs(case), backend.device()), result.values
     return _judge(case, target, backend.name, repro,
                   {n: (lambda n=n: distributed_checks.CHECKS[n](case, target, inputs, pieces)) for n in names}, pictures)
 

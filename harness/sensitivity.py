@@ -1,8 +1,9 @@
 """How much an orthogonalizer amplifies rounding, read off the spectrum of the matrix it is given.
 
 The tolerance of a reference check is derived from this (harness/tolerance.py): the matrix that
-gets orthogonalized is the momentum / Nesterov direction U, not the gradient, so its singular
-values are computed here from the FP64 momentum the oracle keeps (oracles.momentum_and_direction).
+gets orthogonalized is the momentum / Nesterov direction U (Dion2: the selected submatrix of its
+momentum), not the gradient, so its singular values are computed here from the FP64 state the
+oracle keeps (the algorithm's `directions`, harness/algorithms.py).
 
 Amplification A of one matrix: the first-order normwise relative error of orth(U) per unit
 roundoff u, i.e. ||orth(U + dU) - orth(U)||_F / ||orth(U)||_F ~ A u.
@@ -30,10 +31,9 @@ from typing import Sequence
 import numpy as np
 
 from cases import Case
-from oracles import Conventions, MuonHyper, Orthogonalizer, matrix_view, round_to
+from harness.algorithms import algorithm
+from oracles import Conventions, Orthogonalizer, matrix_view
 from oracles.coefficients import Coefficients
-from oracles.muon_reference import momentum_and_direction
-from oracles.tensor_parallel import piece_bounds
 
 RANK_GAP = 4.0
 """A singular value in (cutoff / RANK_GAP, cutoff * RANK_GAP) makes the SVD's rank decision ambiguous:
@@ -46,12 +46,14 @@ class Sensitivity:
     """Of one orthogonalized direction (all matrices of a parameter's view).
 
     amplification: A above (>= 0); condition: worst s_max / s_min over its matrices (inf if rank-
-    deficient); ambiguous_rank: a note when the SVD cut-off sits among its singular values, else "".
+    deficient); ambiguous_rank: a note when the SVD cut-off sits among its singular values, else "";
+    shape: (rows, columns) of the matrices orthogonalized (Dion2: of its selected submatrices).
     """
 
     amplification: float
     condition: float
     ambiguous_rank: str = ""
+    shape: tuple[int, int] = (0, 0)
 
 
 def _steps_forward(schedule: Sequence[Coefficients], x: np.ndarray) -> list[np.ndarray]:
@@ -110,55 +112,41 @@ def _squares(spec: Orthogonalizer, s: np.ndarray, shape: tuple[int, int]) -> tup
 
 def of_direction(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> Sensitivity:
     """Sensitivity of orth(u) for one parameter-shaped direction `u` (already in the compute format)."""
-    return of_matrices([matrix_view(np.asarray(u, np.float64), flatten)], spec)
+    return of_matrices(matrix_view(np.asarray(u, np.float64), flatten), spec)
 
 
-def of_matrices(stacks: Sequence[np.ndarray], spec: Orthogonalizer) -> Sensitivity:
-    """Sensitivity of orthogonalizing every matrix of `stacks` (each [B, m, n]; shapes may differ
-    between stacks, as the uneven TP shards of one direction do)."""
+def of_matrices(mats: np.ndarray | Sequence[np.ndarray], spec: Orthogonalizer) -> Sensitivity:
+    """Sensitivity of orth applied to each matrix of the stack `mats` [B, m, n] (compute format), or
+    of several stacks whose matrix shapes differ (the uneven TP shards of one direction: their
+    squares add up; `shape` is the largest stack's)."""
+    stacks = [np.asarray(mats, np.float64)] if isinstance(mats, np.ndarray) else \
+        [np.asarray(m, np.float64) for m in mats if np.size(m)]
     err_sq = ref_sq = 0.0
     notes, condition = [], 1.0
-    for mats in stacks:
-        if mats.size == 0:
-            continue
-        s = np.linalg.svd(mats, compute_uv=False)
-        e, r, note = _squares(spec, s, mats.shape[-2:])
-        err_sq, ref_sq = err_sq + e, ref_sq + r
-        notes += [note] if note else []
+    for stack in stacks:
+        s = np.linalg.svd(stack, compute_uv=False)
+        e, r, note = _squares(spec, s, stack.shape[-2:])
+        err_sq, ref_sq, notes = err_sq + e, ref_sq + r, notes + ([note] if note else [])
         live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
         if live.size:
             with np.errstate(divide="ignore"):
                 condition = max(condition, float(np.max(live[:, 0] / live[:, -1])))
     amplification = math.sqrt(err_sq / ref_sq) if ref_sq > 0.0 else 0.0
-    return Sensitivity(amplification, condition, notes[0] if notes else "")
-
-
-def tp_matrices(u: np.ndarray, case: Case) -> list[np.ndarray]:
-    """The matrices a TP case orthogonalizes (oracles/tensor_parallel.py): the whole matrix for gather,
-    each TP shard for per_shard, each one's head blocks with heads."""
-    tp = case.tensor_parallel
-    blocks = [u]
-    if tp.mode == "per_shard":
-        cut = (lambda lo, hi: u[lo:hi]) if tp.dim == 0 else (lambda lo, hi: u[:, lo:hi])
-        blocks = [cut(lo, hi) for lo, hi in piece_bounds(u.shape[tp.dim], tp.degree(case.world_size)) if hi > lo]
-    if tp.heads is None:
-        return [b[None] for b in blocks]
-    head_dim = u.shape[0] // tp.heads
-    return [b.reshape(-1, head_dim, b.shape[1]) for b in blocks]
+    largest = max(stacks, key=lambda m: m.shape[-2] * m.shape[-1])
+    return Sensitivity(amplification, condition, notes[0] if notes else "", (largest.shape[-2], largest.shape[-1]))
 
 
 def of_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]]) -> list[list[Sensitivity]]:
-    """out[i][k]: sensitivity at member i, step k, of the direction the FP64 reference orthogonalizes
-    (FP64 momentum of the gradients grads[k][i] in the declared forms, rounded to the declared compute format)."""
-    hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    """out[i][k]: sensitivity at member i, step k, of what the FP64 reference orthogonalizes
+    (the algorithm's directions from the gradients grads[k][i] in the declared forms, in the declared
+    compute format)."""
+    directions = algorithm(case).directions(case, conv)
     out = []
     for i in range(len(grads[0]) if grads else 0):
-        m = np.zeros(case.shape)
+        m = directions.initial
         row = []
         for step in grads:
-            m, u = momentum_and_direction(m, np.asarray(step[i], np.float64), hyper, conv)
-            rounded = round_to(u, conv.compute_dtype)
-            row.append(of_direction(rounded, conv.orthogonalizer, case.flatten) if case.tensor_parallel is None
-                       else of_matrices(tp_matrices(rounded, case), conv.orthogonalizer))
+            m, mats = directions.step(m, np.asarray(step[i], np.float64))
+            row.append(of_matrices(mats, conv.orthogonalizer))
         out.append(row)
     return out

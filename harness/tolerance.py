@@ -87,17 +87,21 @@ def unit_roundoff(fmt: str) -> float:
 
 
 def schedule_class(spec: Orthogonalizer) -> str:
-    """"svd", "poly-steep" or "poly-mild" for a declared orthogonalizer, from its own coefficients."""
+    """"svd", "poly-steep" or "poly-mild" for a declared orthogonalizer, from its own coefficients;
+    "gram-" before a polynomial evaluated by the Gram iteration (its rounding is amplified more)."""
     if spec.kind == "svd":
         return "svd"
     peak = max((abs(c) for step in spec.schedule for c in step), default=0.0)
-    return "poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild"
+    return ("gram-" if spec.iteration == "gram" else "") + ("poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild")
 
 
 def conditioning_class(case: Case, sensitivities: Sequence[Sequence[Sensitivity]]) -> str:
-    """"rank-1" for 1 x n matrices (one singular value, at the top of the normalised range), else
-    "well" / "ill" by the worst condition number of the case's orthogonalized directions."""
-    if min(matrix_shape(case.shape, case.flatten)[1:]) == 1:
+    """"rank-1" when every matrix orthogonalized is 1 x n or n x 1 (one singular value, at the top of
+    the normalised range: a 1 x n layer, or Dion2 selecting one slice), else "well" / "ill" by the
+    worst condition number of the case's orthogonalized directions."""
+    shapes = [s.shape for row in sensitivities for s in row]
+    if (min(matrix_shape(case.shape, case.flatten)[1:]) == 1
+            or (shapes and all(min(shape) == 1 for shape in shapes))):
         return "rank-1"
     worst = max((s.condition for row in sensitivities for s in row), default=1.0)
     return "ill" if worst > ILL_CONDITIONED else "well"

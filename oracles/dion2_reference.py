@@ -3,10 +3,12 @@
 Dion2 (Microsoft's `dion` package, `dion/dion2.py`), per matrix [m, n] of the parameter's
 matrix view (flatten: the one matrix [out, prod(rest)]; otherwise the trailing matrices):
 
-  M <- M + G
+  M <- M + G                                         stored in the declared state format
   slices: the rows if m <= n, else the columns (NorDion2: always the rows)
   S = the k = max(1, ceil(fraction * #slices)) slices of largest L1 norm in M
-  U = M[S];  M[S] <- ef_decay * M[S]                 error feedback on the selected slices only
+  U = M[S];  M[S] <- ef_decay * M[S]                 error feedback on the selected slices only,
+                                                     stored in the state format (ef_decay held in its
+                                                     opmath format, as Muon's mu is)
   O = orth(round_compute(U))                         the submatrix, orthogonalized alone
   X <- X (1 - lr wd);  X[S] <- X[S] - lr scale O      scale from the FULL matrix view (as Muon's)
 
@@ -33,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from oracles.conventions import Conventions
-from oracles.muon_reference import apply_update, matrix_view, orthogonalize
-from oracles.rounding import round_to
+from oracles.muon_reference import apply_update, axpby, held_coefficient, matrix_view, orthogonalize
+from oracles.rounding import round_to, stored
 
 
 @dataclass(frozen=True)
@@ -98,25 +100,31 @@ class Selected:
     update: np.ndarray        # orth of each selected submatrix, zero elsewhere, parameter shape
     rows: list[np.ndarray]    # per matrix: the selected slice indices
     margin: float             # min selection margin over the matrices
+    inputs: np.ndarray        # [B, k, n]: the selected submatrices as orthogonalized (compute format,
+                              # slices as rows)
 
 
 def selected_direction(m: np.ndarray, g: np.ndarray, hyper: Dion2Hyper, conv: Conventions,
                        blocks: list[int] | None = None) -> Selected:
-    """M <- M + G, top-k selection, error feedback, orth of each selected submatrix."""
-    m = np.asarray(m, np.float64) + np.asarray(g, np.float64)
+    """M <- M + G, top-k selection, error feedback, orth of each selected submatrix; the buffer
+    stored in `conv.state_dtype` after each update (exact in fp64)."""
+    held = conv.state_dtype
+    m = axpby(1.0, m, 1.0, round_to(g, held), held)
+    ef_decay = held_coefficient(hyper.ef_decay, held)
     mats = matrix_view(m.copy(), hyper.flatten)
     update = np.zeros_like(mats)
-    rows, margin = [], math.inf
+    rows, inputs, margin = [], [], math.inf
     for b, mat in enumerate(mats):
         on_rows = selects_rows(mat.shape, hyper.rows_only)
         view, out = (mat, update[b]) if on_rows else (mat.T, update[b].T)
         idx, mg = select(np.abs(view).sum(axis=1), hyper.fraction, blocks)
         sub = view[idx]
-        out[idx] = orthogonalize(round_to(sub, conv.compute_dtype)[None], conv.orthogonalizer, False)[0]
-        view[idx] = hyper.ef_decay * sub
+        inputs.append(round_to(sub, conv.compute_dtype))
+        out[idx] = orthogonalize(inputs[-1][None], conv.orthogonalizer, False)[0]
+        view[idx] = stored(ef_decay * sub, held)
         rows.append(idx)
         margin = min(margin, mg)
-    return Selected(mats.reshape(m.shape), update.reshape(m.shape), rows, margin)
+    return Selected(mats.reshape(m.shape), update.reshape(m.shape), rows, margin, np.stack(inputs))
 
 
 def reference_dion2_step(x: np.ndarray, m: np.ndarray, g: np.ndarray, hyper: Dion2Hyper, conv: Conventions,

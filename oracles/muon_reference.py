@@ -20,7 +20,7 @@ from typing import NamedTuple, Union
 import numpy as np
 
 from oracles.conventions import Conventions, Orthogonalizer, lr_scale
-from oracles.rounding import round_to
+from oracles.rounding import opmath, round_to, stored
 from oracles.spectral import condition_number, polar_factor, spectral_map
 
 
@@ -74,26 +74,33 @@ def _held(value: float, fmt: str) -> float:
     return float(round_to(np.float64(value), fmt))
 
 
-def _axpby(a: float, x: np.ndarray, b: float, y: np.ndarray, fmt: str) -> np.ndarray:
-    """a x + b y evaluated in format `fmt`: each product and the sum rounded (exact in fp64)."""
-    return round_to(round_to(a * np.asarray(x, np.float64), fmt) + round_to(b * y, fmt), fmt)
+def held_coefficient(value: float, state_dtype: str) -> float:
+    """A Python-float coefficient (mu, ef_decay) as an op on a `state_dtype` buffer holds it: in
+    opmath(state_dtype), e.g. fp32 for a bf16 buffer (0.95, not bf16's 0.94921875)."""
+    return _held(value, opmath(state_dtype))
+
+
+def axpby(a: float, x: np.ndarray, b: float, y: np.ndarray, fmt: str) -> np.ndarray:
+    """a x + b y evaluated as ops on `fmt` tensors: each product and the sum stored in `fmt`
+    (oracles.rounding.stored; exact in fp64)."""
+    return stored(stored(a * np.asarray(x, np.float64), fmt) + stored(b * np.asarray(y, np.float64), fmt), fmt)
 
 
 def momentum_and_direction(m: Momentum, g: np.ndarray, hyper: MuonHyper,
                            conv: Conventions) -> tuple[Momentum, np.ndarray]:
     """(new momentum state, the matrix U that gets orthogonalized). The buffer is updated in
     `conv.state_dtype`, as the implementation holds it: G, the coefficients, each product and the
-    sum are rounded to that format (and so is the debiased beta_t); U is formed from the exact G
-    and mu and the stored buffer."""
+    sum are stored in that format, the coefficients held in its opmath format (held_coefficient);
+    U is formed from the exact G and mu and the stored buffer."""
     held, mu, g = conv.state_dtype, hyper.momentum, np.asarray(g, np.float64)
-    g_held, mu_held = round_to(g, held), _held(mu, held)
+    g_held, mu_held = round_to(g, held), held_coefficient(mu, held)
     if conv.momentum == "ema_debiased":
         buffer, steps = (m.buffer, m.steps) if isinstance(m, DebiasedMomentum) else (m, 0)
-        beta = _held(1.0 - (1.0 - mu_held) / (1.0 - mu_held ** (steps + 1)), held)
-        buf = _axpby(beta, buffer, 1.0 - beta, g_held, held)
+        beta = held_coefficient(1.0 - (1.0 - mu_held) / (1.0 - mu_held ** (steps + 1)), held)
+        buf = axpby(beta, buffer, 1.0 - beta, g_held, held)
         state: Momentum = DebiasedMomentum(buf, steps + 1)
     else:
-        state = buf = _axpby(mu_held, m, 1.0 if conv.momentum == "sum" else 1.0 - mu_held, g_held, held)
+        state = buf = axpby(mu_held, m, 1.0 if conv.momentum == "sum" else 1.0 - mu_held, g_held, held)
     if not hyper.nesterov:
         return state, buf
     if conv.nesterov == "sum":

@@ -38,6 +38,24 @@ def round_to(x: np.ndarray, fmt: str) -> np.ndarray:
     return out.astype(np.float64)
 
 
+OPMATH = {"bf16": "fp32", "fp16": "fp32"}
+"""The format torch computes an elementwise op on tensors of a 16-bit format in, and holds a Python
+scalar operand (a momentum coefficient) in: fp32 ("opmath"), on CPU and CUDA alike; the result is
+then rounded to the tensor's format. Formats not listed compute in themselves."""
+
+
+def opmath(fmt: str) -> str:
+    """The format an elementwise op on `fmt` tensors computes in (OPMATH)."""
+    _check(fmt)
+    return OPMATH.get(fmt, fmt)
+
+
+def stored(x: np.ndarray, fmt: str) -> np.ndarray:
+    """The exact result `x` of an elementwise op as a tensor of format `fmt` stores it: rounded to
+    opmath(fmt), then to `fmt`."""
+    return round_to(round_to(x, opmath(fmt)), fmt)
+
+
 def machine_epsilon(fmt: str) -> float:
     """Distance from 1.0 to the next representable value in `fmt`."""
     _check(fmt)

@@ -21,6 +21,14 @@ selection, and both completed or both did not (`incomparable` says how they diff
 of others lists cases as vanished and appeared that no change made, so the command line
 refuses it unless forced.
 
+Pairs are keyed by `Record.key` (case, check, target, backend, world size), or, across backends
+(`across_backends=True`: gloo against nccl, cpu against cuda), by the same without the backend, so
+that each check of a case on one backend meets the same check of that case on the other. Each
+record was judged against the same FP64 reference with its own device class's tolerance, so the
+categories below say where the backends differ beyond tolerance: a check that passes on one and
+fails or errors on the other, or whose error ratio grew; two passing records' updates are within
+rel_err(base) + rel_err(head) of each other (relative to the reference update).
+
 A pair is a *regression* when it is a new failure, an error that grew, or a check
 that passed in base and no longer runs in head (unsupported, skipped or vanished):
 a check that silently stops running counts against the head run.
@@ -78,6 +86,8 @@ class Diff:
     floor: float
     compared: int
     """Keys present in both runs."""
+    across_backends: bool = False
+    """Pairs were keyed without the backend (see the module docstring)."""
     new_failures: list[Pair] = field(default_factory=list)
     fixed: list[Pair] = field(default_factory=list)
     error_grew: list[Pair] = field(default_factory=list)
@@ -102,12 +112,16 @@ class Diff:
         return bool(self.regressions())
 
 
-def diff_runs(base: list[Record], head: list[Record], *, growth: float = DEFAULT_GROWTH, floor: float = 1e-3) -> Diff:
-    """Compare `head` against `base` record by record; ValueError on a key repeated within a run."""
+def diff_runs(base: list[Record], head: list[Record], *, growth: float = DEFAULT_GROWTH, floor: float = 1e-3,
+              across_backends: bool = False) -> Diff:
+    """Compare `head` against `base` record by record, keyed by `Record.key`, or without its backend
+    when `across_backends`; ValueError on a key repeated within a run (across backends: a case run on
+    two backends in one run)."""
     if not (math.isfinite(growth) and growth >= 1.0):
         raise ValueError(f"growth must be a finite number of at least 1, got {growth}")
-    old, new = _by_key(base, "base"), _by_key(head, "head")
-    diff = Diff(growth=growth, floor=floor, compared=len(old.keys() & new.keys()))
+    key = case_key if across_backends else record_key
+    old, new = _by_key(base, "base", key), _by_key(head, "head", key)
+    diff = Diff(growth=growth, floor=floor, compared=len(old.keys() & new.keys()), across_backends=across_backends)
     for key in old.keys() | new.keys():
         pair = (old.get(key), new.get(key))
         category = _category(*pair, growth, floor)
@@ -137,12 +151,25 @@ def is_regression(category: str, pair: Pair) -> bool:
     return category in ("status_changed", "vanished") and pair[0].status == "pass"
 
 
-def _by_key(records: Iterable[Record], run: str) -> dict[tuple, Record]:
+def record_key(record: Record) -> tuple:
+    """The pairing key of a diff of one backend's runs: `Record.key`."""
+    return record.key
+
+
+def case_key(record: Record) -> tuple:
+    """The pairing key of a diff across backends: (case, check, target, world size)."""
+    return (record.case_id, record.check, record.target, record.world_size)
+
+
+def _by_key(records: Iterable[Record], run: str, key: Callable[[Record], tuple]) -> dict[tuple, Record]:
     keyed: dict[tuple, Record] = {}
     for r in records:
-        if r.key in keyed:
-            raise ValueError(f"{run} run has the key {r.key} twice; a diff needs one record per key")
-        keyed[r.key] = r
+        k = key(r)
+        if k in keyed:
+            across = "" if key is record_key else (f" (backends {keyed[k].backend} and {r.backend}: a diff across "
+                                                   f"backends needs each case on one backend per run)")
+            raise ValueError(f"{run} run has the key {k} twice{across}; a diff needs one record per key")
+        keyed[k] = r
     return keyed
 
 

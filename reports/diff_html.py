@@ -30,6 +30,17 @@ DESCRIPTIONS = {
 }
 """What each category holds, for both renderings; formatted with the diff's growth and floor."""
 
+ACROSS_BACKENDS = (
+    "Paired across backends: each check of a case in base meets the same check of the same case and world "
+    "size in head. Compared: each run's verdict and error ratio against the same FP64 reference; tolerance: "
+    "each record's own (its device class's measured policy, so a cpu/gloo record and a cuda/nccl one may "
+    "differ: listed under tolerance changed). A difference beyond tolerance is a check that passes on one "
+    "backend and fails or errors on the other (new failures, fixed, status changed) or whose ratio grew more "
+    "than {growth:g}x (error grew); why is the failing record's message. Two passing records' updates are "
+    "within rel_err(base) + rel_err(head) of each other, relative to the reference update."
+)
+"""The paragraph both renderings put first in a diff across backends."""
+
 CONTEXT_KEYS = ("path", "target", "tier", "date", "commit", "torch_version", "python_version", "device",
                 "platform", "backends", "world_sizes", "records")
 """Context entries compared side by side, in display order, where either run has them."""
@@ -60,6 +71,7 @@ def render_diff_html(diff: Diff, base_ctx: dict[str, Any], head_ctx: dict[str, A
     body = "\n".join((
         f'<h1 class="{verdict.lower()}">{verdict}: diff of two conformance runs</h1>',
         _context_table(base_ctx, head_ctx),
+        f"<p id=\"pairing\">{escape(ACROSS_BACKENDS.format(growth=diff.growth))}</p>" if diff.across_backends else "",
         _count_table(diff),
         _filters(diff),
         *(_section(diff, name, pairs) for name, pairs in diff.categories().items()),
@@ -76,6 +88,7 @@ def render_diff_markdown(
     parts = [
         f"# {verdict}: conformance diff, head {_commit(head_ctx)} against base {_commit(base_ctx)}",
         _md_context("Base", base_ctx) + "  \n" + _md_context("Head", head_ctx),
+        *([cell_text(ACROSS_BACKENDS.format(growth=diff.growth))] if diff.across_backends else []),
         _md_counts(diff),
         *(_md_section(diff, name, pairs, max_rows, artifact) for name, pairs in diff.categories().items() if pairs),
         f"Full diff: {code_span(artifact)} (HTML artifact of this job).",
@@ -145,7 +158,8 @@ def _row_values(name: str, pair: Pair) -> dict[str, object]:
     return {
         "case_id": some.case_id,
         "check": some.check,
-        "backend": some.backend,
+        "backend": some.backend if base is None or head is None or base.backend == head.backend
+        else f"{base.backend} \u2192 {head.backend}",
         "world_size": some.world_size,
         "base_status": base.status if base else ABSENT,
         "head_status": head.status if head else ABSENT,
@@ -160,8 +174,10 @@ def _row_values(name: str, pair: Pair) -> dict[str, object]:
 
 
 def _note(pair: Pair) -> str:
-    """Head's message, else base's."""
+    """The failing record's message (head's when both fail or neither does), else the other's."""
     base, head = pair
+    if base is not None and base.failing and not (head is not None and head.failing):
+        return base.message or (head.message if head else "")
     return (head.message if head else "") or (base.message if base else "")
 
 
@@ -232,26 +248,31 @@ def _md_counts(diff: Diff) -> str:
 
 
 def _md_section(diff: Diff, name: str, pairs: list[Pair], max_rows: int, artifact: str) -> str:
+    across = diff.across_backends
     lines = [
         f"## {label(name)} ({min(max_rows, len(pairs))} of {len(pairs)})",
         "",
         cell_text(_describe(diff, name)),
         "",
-        "| case id | check | backend | base | head | base ratio | head ratio | growth |",
-        "|---|---|---|---|---|---:|---:|---:|",
+        "| case id | check | backend | base | head | base ratio | head ratio | growth |"
+        + (" base tolerance | head tolerance | why |" if across else ""),
+        "|---|---|---|---|---|---:|---:|---:|" + ("---:|---:|---|" if across else ""),
     ]
-    lines += [_md_row(_row_values(name, pair)) for pair in pairs[:max_rows]]
+    lines += [_md_row(_row_values(name, pair), across) for pair in pairs[:max_rows]]
     if len(pairs) > max_rows:
         lines += ["", f"+{len(pairs) - max_rows} more in {code_span(artifact)}."]
     return "\n".join(lines)
 
 
-def _md_row(v: dict[str, object]) -> str:
+def _md_row(v: dict[str, object], across: bool = False) -> str:
     cells = (
         code_span(_clip(str(v["case_id"]))), cell_text(_clip(str(v["check"]))), cell_text(v["backend"]),
         str(v["base_status"]), str(v["head_status"]),
         format_metric(v["base_ratio"]), format_metric(v["head_ratio"]), format_metric(v["growth"]),
     )
+    if across:
+        cells += (format_metric(v["base_tolerance"]), format_metric(v["head_tolerance"]),
+                  cell_text(_clip(str(v["note"]))))
     return "| " + " | ".join(cells) + " |"
 
 

@@ -4,6 +4,7 @@ this module by name)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
@@ -62,3 +63,29 @@ def test_row_sharded_kernel_slice_control_is_flagged():
     got = {r.check: r for r in run_case(Case.from_id(SHARDED), load_target("control-normuon-kernel-slice"),
                                          "control-normuon-kernel-slice")}
     assert got["reference"].status == "fail" and got["local_shard"].status == "fail"
+
+
+def _nordion2_rows(updates, variances, group):
+    from optimizers.algorithms.dion2 import normalise_selected_rows
+    return normalise_selected_rows(updates, [{"variance": v} for v in variances], group)
+
+
+def _normuon_rows(updates, variances, group):
+    from optimizers.algorithms.normuon import normalise_rows
+    return normalise_rows(updates, variances, group)
+
+
+@pytest.mark.parametrize("normalise", [_normuon_rows, _nordion2_rows], ids=["normuon", "nordion2"])
+def test_row_normalisation_bits_do_not_depend_on_the_updates_memory_layout(normalise):
+    """One process hands the post-processing stage a tall matrix's update as a transposed view,
+    the distributed exchange hands it contiguous: the same values must give the same bits (the
+    fp64 layout-invariance check of replicated NorMuon failed by 3 ulp before the stage summed
+    on a contiguous copy)."""
+    group = dict(flatten=True, beta2=0.95, variance_eps=1e-8)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        view = torch.randn(2, 8, 40, dtype=torch.float64, generator=generator).mT.reshape(2, 40, 2, 2, 2)
+        assert not view.is_contiguous()
+        got = [normalise(u, [torch.full((40, 1, 1, 1), 0.5, dtype=torch.float64) for _ in range(2)], group)
+               for u in (view, view.contiguous())]
+        assert torch.equal(got[0], got[1]), (got[0] - got[1]).abs().max()

@@ -2,6 +2,7 @@
 declares (schedule, compute format) and by device class, backed by measured data, and a gap of the
 policy is never charged to the target."""
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -122,8 +123,11 @@ def test_the_measurement_reproduces_within_its_recorded_worst(key):
     exactly the recorded c."""
     torch.set_num_threads(1)  # as measured
     recorded = tolerance.evidence("cpu").entries[key]
-    got_key, c = MEASURE.measure(Case.from_id(recorded.worst_case), OursMuon(), torch.device("cpu"))
+    case_id, scaled, factor = recorded.worst_case.partition(" scaled x ")
+    runs = {label: (k, c) for k, c, label in MEASURE.measure(Case.from_id(case_id), OursMuon(), torch.device("cpu"))}
+    got_key, c = runs[scaled + factor]
     assert str(got_key) == key and c == pytest.approx(recorded.worst, rel=1e-6)
+    assert MEASURE.policy_key(Case.from_id(case_id), OursMuon()) == key  # what --per-key counts, without a run
 
 
 def test_policy_covers_our_muon_on_every_ci_case():
@@ -270,3 +274,55 @@ def test_tolerance_source_is_one_line_naming_entry_class_and_numbers():
     for part in ("muon fp64@fp64/svd/ill", "amplification", "condition", "measured on cpu", "u(fp64)"):
         assert part in source, part
     assert math.isfinite(float(source.split("rtol ")[1].split()[0]))
+
+
+# ---- Hypothesis's case space (issue 8: the property tests' findings) --------------------------------------
+
+DION2_ONE_ROW = "dion2-f0.05/linear-12x20/mb1/noflat/fp32@fp32/pe/spectral_norm/plain/wd0/steps2/gaussian/seed0"
+
+
+def test_dion2_is_judged_by_the_spectrum_of_what_it_orthogonalizes():
+    """Dion2 with fraction 0.05 of 12 rows orthogonalizes one 1 x 20 row per step (one singular value,
+    where Polar Express amplifies 75.5x), not Muon's 12 x 20 momentum (295-344x here): its amplification
+    and its conditioning class ("rank-1") are that row's."""
+    case = Case.from_id(DION2_ONE_ROW)
+    conv = OursMuon().conventions(case)
+    grads = [[f64(g) for g in step] for step in make_inputs(case).grads]
+    sens = sensitivity.of_case(case, conv, grads)
+    assert all(s.shape == (1, 20) for row in sens for s in row)
+    assert tolerance.conditioning_class(case, sens) == "rank-1"
+    row = sensitivity.of_matrices(np.ones((1, 1, 20)), conv.orthogonalizer).amplification
+    assert all(s.amplification == pytest.approx(row, rel=1e-3) for r in sens for s in r)
+    muon = sensitivity.of_case(dataclasses.replace(case, optimizer="muon", fraction=None), conv, grads)
+    assert all(s.shape == (12, 20) and s.amplification > 3 * row for r in muon for s in r)
+
+
+def test_a_policy_gap_is_unsupported_in_every_check_that_needs_the_policy(monkeypatch):
+    """scale and fraction1 passed the gap on as a failure (ratio nan) or lost it: unsupported, as in reference."""
+    empty = tolerance.Evidence("cpu", {}, {})
+    monkeypatch.setattr(tolerance, "evidence", lambda device: empty)
+    got = checks_of("dion2-f1/conv2d-8x4x3x3/mb2/flat/fp32@fp32/pe/spectral_norm/plain/wd0/steps2/gaussian/seed0",
+                    OursMuon())
+    for name in ("reference", "megabatch", "equiv2d", "fraction1", "scale"):
+        assert got[name].status == "unsupported" and "no entry" in got[name].message, (name, got[name].status)
+
+
+def test_drawn_cases_are_the_property_tests_and_reproducible():
+    from cases.strategies import cases as strategy  # noqa: F401  (the strategy --drawn samples)
+    first = MEASURE.drawn(12, 5, ("dion2", "nordion2"))
+    assert first == MEASURE.drawn(12, 5, ("dion2", "nordion2")) and len(first) >= 6
+    assert {c.optimizer for c in first} <= {"dion2", "nordion2"} and len({c.seed for c in first}) > 3
+    assert MEASURE.drawn(12, 6, ("dion2", "nordion2")) != first
+
+
+def test_merge_keeps_each_keys_worst_and_sums_counts(tmp_path):
+    def entry(worst, n, case):
+        return {"worst": worst, "median": worst / 2, "n": n, "worst_case": case}
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"command": "A", "cases": 3, "runs": 4, "seconds": 1.0,
+                             "entries": {"k1": entry(0.5, 3, "a1"), "stale": entry(9.0, 1, "s")}}))
+    mine = {"k1": entry(0.2, 10, "m1"), "k2": entry(0.1, 1, "m2")}
+    out, commands, totals = MEASURE.merged(mine, [a], drop="^stale$")
+    assert out["k1"] == {"worst": 0.5, "median": 0.1, "n": 13, "worst_case": "a1"}
+    assert out["k2"] == mine["k2"] and "stale" not in out
+    assert commands == ["A  # ? tier, ?"] and totals["runs"] == 4 and totals["cases"] == 3

@@ -14,7 +14,8 @@ from oracles import Conventions, Orthogonalizer
 
 class OursMuon(OptimizerTarget):
     """optimizers.Muon (NorMuon through its "normuon" algorithm): sum momentum, Nesterov G + mu M,
-    decay before the update with base lr, fans from the matrix view, normaliser ||X|| * s + eps."""
+    decay before the update with base lr, fans from the matrix view, normaliser ||X|| * s + eps;
+    the momentum buffer is held in the parameter's dtype (torch.zeros_like(p))."""
 
     name = "ours"
     exact_relations = True
@@ -28,7 +29,7 @@ class OursMuon(OptimizerTarget):
         return Conventions(
             orthogonalizer=Orthogonalizer.named(case.orthogonalizer, compute_dtype=case.compute_dtype),
             lr_scale=case.adjust_lr, lr_dims="flattened" if case.flatten else "last_two",
-            compute_dtype=case.compute_dtype)
+            compute_dtype=case.compute_dtype, state_dtype=case.param_dtype)
 
     def options(self, case: Case) -> dict:
         """Muon keyword arguments for `case` (shared with the negative controls)."""

@@ -234,12 +234,14 @@ def normalise_selected_rows(updates: torch.Tensor, states: list[State], group: G
     """Postprocess stage of NorDion2: NorMuon's row normalisation of each member's selected rows
     (its nonzero update rows; this rank's, under Shard(0)), the variance updated only there, as
     dion's nordion2.py does (it gathers v at the selected rows and scatters them back):
-      v[S] <- beta2 v[S] + (1 - beta2) mean_row(O^2);  N = O / (sqrt(v[S]) + eps);  N <- N ||O|| / ||N||"""
+      v[S] <- beta2 v[S] + (1 - beta2) mean_row(O^2);  N = O / (sqrt(v[S]) + eps);  N <- N ||O|| / ||N||
+    On a contiguous copy, as NorMuon's (optimizers/algorithms/normuon.py): the bits do not depend on
+    the memory layout the matrix update left."""
     n = updates.shape[0]
     if updates.numel() == 0:
         return updates
     work = torch.promote_types(updates.dtype, torch.float32)
-    mats = as_matrices(updates, group["flatten"]).to(work)
+    mats = as_matrices(updates.contiguous(), group["flatten"]).to(work)
     variances = [local(s["variance"]) for s in states]
     v = torch.stack(variances).to(work).reshape(mats.shape[0], mats.shape[1], 1)
     selected = mats.abs().sum(dim=-1, keepdim=True) > 0

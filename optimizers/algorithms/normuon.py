@@ -40,12 +40,16 @@ def variance_shape(shape: tuple[int, ...], flatten: bool) -> tuple[int, ...]:
 def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: Group) -> torch.Tensor:
     """NorMuon's normalisation of a megabatch's orthogonalized updates [N, *shape], given each
     member's variance buffer (updated in place). Under row sharding `updates` and `variances`
-    are this rank's rows, and the norm restore is over them: shard-local by design."""
+    are this rank's rows, and the norm restore is over them: shard-local by design.
+
+    The reductions run on a contiguous copy: a sum's order (and so its last bits) follows the
+    memory layout, and the same update arrives as a transposed view in one process (a tall
+    matrix is orthogonalized as its transpose) but contiguous from the distributed exchange."""
     n = updates.shape[0]
     if updates.numel() == 0:  # an empty row shard, or an empty megabatch: no rows to normalise
         return updates
     work_dtype = torch.promote_types(updates.dtype, torch.float32)
-    mats = as_matrices(updates, group["flatten"]).to(work_dtype)
+    mats = as_matrices(updates.contiguous(), group["flatten"]).to(work_dtype)
     v = torch.stack(variances).to(work_dtype).reshape(mats.shape[0], mats.shape[1], 1)
     v = torch.lerp(mats.square().mean(dim=-1, keepdim=True), v, group["beta2"])
     normed = mats / (v.sqrt() + group["variance_eps"])
