@@ -12,6 +12,7 @@ case reproduces on its own: `python -m harness run --select <id>`.
 A distributed case appends its layout and world size (cases/layouts.py):
 
   muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0/shard0/ws3
+  muon/linear-12x20/mb2/noflat/fp64@fp64/pe/spectral_norm/plain/wd0.1/steps2/gaussian/seed0/dp2tp0-per_shard-h4/ws4
 
 Dion2 and NorDion2 carry their selected fraction in the optimizer token, and a distributed
 case its selection scope too (plain: they have no Nesterov form):
@@ -67,6 +68,10 @@ class Case:
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"Case.weight_decay={self.weight_decay!r} must be finite and >= 0")
         why = layouts.invalid(self.layout, self.world_size)
+        tp = layouts.tensor_parallel(self.layout)
+        if tp is not None:
+            why = why or layouts.tp_invalid(tp, self.world_size, self.shape) or (
+                None if self.optimizer == "muon" else f"tensor-parallel cases are Muon cases, not {self.optimizer}")
         if why:
             raise ValueError(f"Case: {why}")
         self._check_selection()
@@ -139,6 +144,11 @@ class Case:
             f"seed{self.seed}",
             *layouts.id_tokens(self.layout, self.world_size),
         ])
+
+    @property
+    def tensor_parallel(self) -> layouts.TensorParallel | None:
+        """The case's TP layout (mode, split dim, heads), None for the other layouts."""
+        return layouts.tensor_parallel(self.layout)
 
     @property
     def layout_detail(self) -> str:

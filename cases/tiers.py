@@ -12,8 +12,8 @@ every three axes appears in some case. That holds in particular for the axes tha
 
 CI uses the small layers, world sizes 2-4 and one seed; nightly the larger layers too, world
 sizes up to 8 and more seeds, and contains the CI tier. Dion2 and NorDion2 (whose fraction and
-selection scope are axes of their own) come from hand-written generators below, not yet from a
-covering array. Another generator (say, for a new algorithm) is one more entry of
+selection scope are axes of their own) and the tensor-parallel layouts come from hand-written
+generators below, not yet from a covering array. Another generator (say, for a new algorithm) is one more entry of
 `GENERATORS`: a space's `cases_of`, or any function returning cases.
 """
 
@@ -193,6 +193,39 @@ def _gram_newton_schulz(layers: Iterable[str], dtypes: tuple[tuple[str, str], ..
                    grad=_GRAM_GRADIENTS[i % len(_GRAM_GRADIENTS)])
 
 
+_TP_HEADS = {"linear": 4, "linear_tall": 4, "linear_wide_big": 8}
+"""Heads of each TP layer: whole heads in every TP shard at tp 2 and 4 (12 rows: 4 heads of 3)."""
+_TP_MESHES = ((1, 2), (1, 4), (2, 4))
+"""(dp, world size): tp 2 and 4 alone on a 1-D "tp" mesh, and dp 2 x tp 2 on a 2-D mesh."""
+_TP_DTYPES = (("fp64", "fp64"), ("fp32", "fp32"), ("fp32", "bf16"))
+
+
+def _tensor_parallel(layers: Iterable[str]) -> Iterator[Case]:
+    """Every valid TP layout (cases/layouts.py) of each layer: column- and row-parallel, both modes,
+    with and without heads, on every mesh of _TP_MESHES; the other axes cycle."""
+    cycle = itertools.count()
+    for layer, (dp, ws), dim, mode, heads in itertools.product(layers, _TP_MESHES, (0, 1), layouts.TP_MODES,
+                                                               (False, True)):
+        tp = layouts.TensorParallel(dp, dim, mode, _TP_HEADS[layer] if heads else None)
+        if layouts.tp_invalid(tp, ws, axes.all_layers()[layer][1]):
+            continue
+        i = next(cycle)
+        pd, cd = _TP_DTYPES[i % len(_TP_DTYPES)]
+        yield Case(layer=layer, megabatch=(1, 2, 3)[i % 3], flatten=False, param_dtype=pd, compute_dtype=cd,
+                   orthogonalizer=("polar_express", "newton_schulz")[i % 2], adjust_lr=axes.ADJUST_LR[(i // 2) % 2],
+                   nesterov=bool((i // 3) % 2), weight_decay=axes.WEIGHT_DECAYS[(i // 4) % 2], steps=2, grad="gaussian",
+                   layout=tp.token(), world_size=ws)
+
+
+_TP_CI = ("tp0-gather/ws2", "tp1-per_shard/ws2", "tp0-per_shard-h4/ws4", "dp2tp1-gather/ws4",
+          "dp2tp0-per_shard-h4/ws4", "dp2tp0-gather-h4/ws4")
+"""The CI tier's TP cases (of the linear layer): each mesh, both splits, both modes, heads."""
+
+
+def _tensor_parallel_ci() -> Iterator[Case]:
+    return (c for c in _tensor_parallel(("linear",)) if c.id.endswith(_TP_CI))
+
+
 GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
     "ci": [*(functools.partial(cases_of, s) for s in SPACES["ci"].values()),
            lambda: _bf16_envelope(axes.LAYERS),
@@ -200,7 +233,8 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
            lambda: _dion2(_DION2_LAYERS, 2, _DION2_DTYPES, range(1)),
            lambda: _dion2_gradients("conv2d", ("lowrank", "zero", "huge")),
            lambda: _dion2_distributed(("conv2d", "linear_tall"), layouts.CI_WORLD_SIZES, range(1), every_size=False),
-           lambda: _dion2_scope_dependence(layouts.CI_WORLD_SIZES)],
+           lambda: _dion2_scope_dependence(layouts.CI_WORLD_SIZES),
+           _tensor_parallel_ci],
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
                 lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
@@ -208,7 +242,8 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
                 lambda: _dion2_gradients("conv2d_big", axes.GRADIENTS[1:]),
                 lambda: _dion2_distributed(("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d",
                                             "conv2d_big"), layouts.NIGHTLY_WORLD_SIZES, range(1), every_size=True),
-                lambda: _dion2_scope_dependence(layouts.NIGHTLY_WORLD_SIZES)],
+                lambda: _dion2_scope_dependence(layouts.NIGHTLY_WORLD_SIZES),
+                lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big"))],
 }
 """What each tier is the union of; nightly also contains the whole CI tier."""
 

@@ -29,6 +29,7 @@ from oracles import (Conventions, Dion2Hyper, MuonHyper, NorDion2Hyper, NorMuonH
 from oracles.dion2_reference import selected_direction, selects_rows
 from oracles.muon_reference import matrix_view, momentum_and_direction
 from oracles.rounding import machine_epsilon, round_to
+from oracles.tensor_parallel import piece_bounds, reference_tp_muon_step
 
 Step = Callable[[np.ndarray, Any, np.ndarray], tuple[np.ndarray, Any, float]]
 
@@ -69,11 +70,44 @@ def _row_blocks(case: Case) -> list[int] | None:
 
 
 def _muon(case: Case, conv: Conventions) -> Oracle:
+    """Muon's reference; under a TP layout its same-sharding one (oracles/tensor_parallel.py): the
+    whole matrix for gather, each TP shard alone for per_shard, per head block with heads."""
     hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    tp = case.tensor_parallel
 
     def step(x: np.ndarray, m: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        return (*reference_muon_step(x, m, g, hyper, conv), math.inf)
+        if tp is None:
+            return (*reference_muon_step(x, m, g, hyper, conv), math.inf)
+        return (*reference_tp_muon_step(x, m, g, hyper, conv, tp.mode, tp.dim, tp.degree(case.world_size),
+                                        tp.heads), math.inf)
     return Oracle(np.zeros(case.shape), step)
+
+
+def _muon_invariant(case: Case) -> bool:
+    """Layout invariant except per_shard TP, which depends on the TP degree, unless every TP shard
+    holds whole heads (then it is the unsharded per-head update: per-head exactness)."""
+    tp = case.tensor_parallel
+    return tp is None or tp.mode == "gather" or tp.heads is not None
+
+
+def _muon_options(case: Case) -> dict[str, Any]:
+    """A TP case's mode and heads (optimizers/tensor_parallel.py)."""
+    tp = case.tensor_parallel
+    return {} if tp is None else {"tp_mode": tp.mode, "num_heads": tp.heads}
+
+
+def tp_matrices(u: np.ndarray, case: Case) -> list[np.ndarray]:
+    """The matrices a TP case orthogonalizes, as stacks [B, m, n] (uneven shards differ in shape): the
+    whole matrix for gather, each TP shard for per_shard, each one's head blocks with heads."""
+    tp = case.tensor_parallel
+    blocks = [u]
+    if tp.mode == "per_shard":
+        cut = (lambda lo, hi: u[lo:hi]) if tp.dim == 0 else (lambda lo, hi: u[:, lo:hi])
+        blocks = [cut(lo, hi) for lo, hi in piece_bounds(u.shape[tp.dim], tp.degree(case.world_size)) if hi > lo]
+    if tp.heads is None:
+        return [b[None] for b in blocks]
+    head_dim = u.shape[0] // tp.heads
+    return [b.reshape(-1, head_dim, b.shape[1]) for b in blocks]
 
 
 def _momentum_directions(case: Case, conv: Conventions) -> Directions:
@@ -82,6 +116,8 @@ def _momentum_directions(case: Case, conv: Conventions) -> Directions:
 
     def step(m: Any, g: np.ndarray) -> tuple[Any, np.ndarray]:
         m, u = momentum_and_direction(m, g, hyper, conv)
+        if case.tensor_parallel is not None:
+            return m, tp_matrices(round_to(u, conv.compute_dtype), case)
         return m, matrix_view(round_to(u, conv.compute_dtype), case.flatten)
     return Directions(np.zeros(case.shape), step)
 
@@ -195,7 +231,7 @@ def _dion2_options(case: Case) -> dict[str, Any]:
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("muon", _muon, _momentum_directions),
+    Algorithm("muon", _muon, _momentum_directions, layout_invariant=_muon_invariant, options=_muon_options),
     Algorithm("normuon", _normuon, _momentum_directions, layout_invariant=lambda case: shard_dim(case.layout) is None),
     Algorithm("dion2", _dion2, _selected_directions, _selection_ill_posed, _fraction_one("muon"), _dion2_invariant,
               _dion2_options),

@@ -1,9 +1,10 @@
 """Distributed cases: what each rank runs, and the checks the parent judges from what came back.
 
 Every rank rebuilds the case's inputs (deterministic), lays the parameters and gradients
-out as the case says (whole, or its torch.chunk piece as a DTensor Shard(d)), steps them
+out as the case says (whole, its torch.chunk piece as a DTensor Shard(d), or its piece of a
+tensor-parallel layout on a named "tp" or ("dp", "tp") mesh: cases/layouts.py), steps them
 with the target's distributed optimizer and returns its own piece of every member after
-every step. The parent gathers the pieces (concatenated along d) and judges:
+every step. The parent gathers the pieces (each into its box, cases.layouts.regions) and judges:
 
   reference    gathered parameters vs the FP64 reference step, re-seeded every step from the
                gathered previous parameter (harness.checks.reference, unchanged); a Dion2 case of
@@ -12,8 +13,12 @@ every step. The parent gathers the pieces (concatenated along d) and judges:
   local_shard  the same-sharding reference: each rank's own piece vs the same piece of that
                reference step, so an error confined to one shard cannot hide in the whole's norm;
                allowed up to sqrt(k) x the step's rtol relative to the piece (`piece_tolerance`)
+               (a TP case's reference is its mode's: the whole matrix for gather, each TP shard
+               alone for per_shard, per head with heads; harness/algorithms.py)
   layout       layout invariance: the gathered run vs the single-process run of the same case
-               on the same target (bitwise when the target's relations are exact and all is fp64)
+               on the same target (bitwise when the target's relations are exact and all is fp64);
+               for per_shard TP with heads, per-head exactness (each TP shard's whole heads equal
+               the unsharded per-head update)
   replicas     replicated layout: every rank's parameters are bitwise those of rank 0
 """
 
@@ -26,11 +31,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 import optimizers
 from cases import Case, matrix_shape
-from cases.layouts import piece_sizes, shard_dim
+from cases.layouts import regions, shard_dim
 from harness import checks, tolerance
 from harness.algorithms import algorithm, selection_blocks
 from harness.checks import Outcome, Trajectory
@@ -66,6 +74,9 @@ def unsupported(target: Target, case: Case) -> str | None:
     """Why `target` cannot run the distributed `case`, or None."""
     if distributed_maker(target) is None:
         return f"target {target.name} has no distributed adapter (a make_distributed(params, case, mesh) method)"
+    if case.tensor_parallel is not None and not getattr(target, "tensor_parallel", False):
+        return (f"target {target.name} declares no tensor-parallel semantics (tp_mode, num_heads; set "
+                f"`tensor_parallel = True` on an adapter that takes them from the case)")
     return target.unsupported(case)
 
 
@@ -78,21 +89,44 @@ def applicable(case: Case) -> list[str]:
             + (["replicas"] if case.layout == "replicated" else []))
 
 
-def _offsets(case: Case) -> list[int]:
-    dim = shard_dim(case.layout)
-    assert dim is not None
-    return [0, *np.cumsum(piece_sizes(case.shape[dim], case.world_size)).tolist()]
+def mesh_of(case: Case, ctx: RankContext) -> DeviceMesh:
+    """The mesh a case's parameters live on: the pool's 1-D mesh, or for a TP layout a named "tp"
+    (or ("dp", "tp")) mesh over the same ranks, made once per rank and kept."""
+    tp = case.tensor_parallel
+    if tp is None:
+        return ctx.mesh
+    if tp.dp == 1:
+        return DeviceMesh.from_group(ctx.group, ctx.device.type, mesh_dim_names=("tp",))
+    if ctx.world_size != dist.get_world_size():
+        raise RuntimeError(f"a ({tp.dp}, tp) mesh of {ctx.world_size} ranks is built over the whole job; run "
+                           f"it with {ctx.world_size} processes (torchrun --nproc-per-node {ctx.world_size})")
+    key = f"mesh-dp{tp.dp}"
+    if key not in ctx.cache:
+        ctx.cache[key] = init_device_mesh(ctx.device.type, (tp.dp, tp.degree(ctx.world_size)),
+                                          mesh_dim_names=("dp", "tp"))
+    return ctx.cache[key]
+
+
+def _placements(case: Case) -> list:
+    """The DTensor placements of a sharded layout: Shard(d); TP: Shard(d) on "tp", and under "dp"
+    FSDP2's placement of a TP shard (_StridedShard(0) over a column-parallel split, Shard(0) else)."""
+    tp = case.tensor_parallel
+    if tp is None:
+        return [Shard(shard_dim(case.layout))]
+    if tp.dp == 1:
+        return [Shard(tp.dim)]
+    degree = tp.degree(case.world_size)
+    return [_StridedShard(0, split_factor=degree) if tp.dim == 0 else Shard(0), Shard(tp.dim)]
 
 
 def _place(full: torch.Tensor, case: Case, ctx: RankContext) -> torch.Tensor:
-    """This rank's copy of `full`: itself (replicated), or its piece as a DTensor Shard(d)."""
+    """This rank's copy of `full`: itself (replicated), or its piece (cases.layouts.regions) as a DTensor."""
     full = full.to(ctx.device)
-    dim = shard_dim(case.layout)
-    if dim is None:
+    if case.layout == "replicated":
         return full.clone()
-    offsets = _offsets(case)
-    piece = full.narrow(dim, offsets[ctx.rank], offsets[ctx.rank + 1] - offsets[ctx.rank]).clone()
-    return DTensor.from_local(piece, ctx.mesh, [Shard(dim)], run_check=False, shape=full.shape, stride=full.stride())
+    piece = full[regions(case.layout, case.world_size, case.shape)[ctx.rank]].clone()
+    return DTensor.from_local(piece, mesh_of(case, ctx), _placements(case), run_check=False, shape=full.shape,
+                              stride=full.stride())
 
 
 def rank_trajectory(ctx: RankContext, case_id: str, target_spec: str) -> Trajectory:
@@ -106,7 +140,7 @@ def rank_trajectory(ctx: RankContext, case_id: str, target_spec: str) -> Traject
     params = [torch.nn.Parameter(_place(p, case, ctx)) for p in inputs.params]
     maker = distributed_maker(target)
     assert maker is not None, "unsupported targets never reach the ranks"
-    optimizer = maker(params, case, ctx.mesh)
+    optimizer = maker(params, case, mesh_of(case, ctx))
     trajectory = []
     for step_grads in inputs.grads:
         for p, g in zip(params, step_grads):
@@ -118,12 +152,20 @@ def rank_trajectory(ctx: RankContext, case_id: str, target_spec: str) -> Traject
 
 
 def gather(case: Case, pieces: Pieces) -> Trajectory:
-    """The whole parameters: rank 0's copy when replicated, else the pieces concatenated along d."""
-    dim = shard_dim(case.layout)
-    if dim is None:
+    """The whole parameters: rank 0's copy when replicated, else every rank's piece put in its box."""
+    if case.layout == "replicated":
         return pieces[0]
-    return [[torch.cat([rank[k][i] for rank in pieces], dim=dim) for i in range(case.megabatch)]
-            for k in range(case.steps)]
+    boxes = regions(case.layout, case.world_size, case.shape)
+    out = []
+    for k in range(case.steps):
+        step = []
+        for i in range(case.megabatch):
+            whole = pieces[0][k][i].new_empty(case.shape)
+            for box, rank in zip(boxes, pieces):
+                whole[box] = rank[k][i]
+            step.append(whole)
+        out.append(step)
+    return out
 
 
 def reference(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
@@ -176,24 +218,20 @@ def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> O
     why = policy.ill_posed()
     if why:
         return Outcome("local_shard", checks.NO_METRICS, None, why, skipped=True)
-    dim = shard_dim(case.layout)
-    offsets = _offsets(case) if dim is not None else [0] * (case.world_size + 1)
+    boxes = regions(case.layout, case.world_size, case.shape)
     margins: list[float] = []
     steps = list(checks.reference_steps(case, target, inputs.params, inputs.grads, gather(case, pieces), margins))
     why = algorithm(case).ill_posed(case, min(margins))
     if why:
         return Outcome("local_shard", checks.NO_METRICS, None, why, skipped=True)
     pairs = []
-    for r, rank in enumerate(pieces):
-        index = [slice(None)] * len(case.shape)
-        if dim is not None:
-            index[dim] = slice(offsets[r], offsets[r + 1])
+    for r, (rank, index) in enumerate(zip(pieces, boxes)):
         for n, (where, x_prev, _, x_ref) in enumerate(steps):
             i, k = divmod(n, case.steps)
             mine = f64(rank[k][i])
             if mine.size:
                 tol = policy.at(i, k)
-                if dim is not None:
+                if case.layout != "replicated":
                     share = float(np.linalg.norm((x_ref - x_prev)[tuple(index)])
                                   / max(np.linalg.norm(x_ref - x_prev), np.finfo(float).tiny))
                     tol = piece_tolerance(case, tol, share)

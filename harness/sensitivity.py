@@ -115,18 +115,25 @@ def of_direction(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> Sensitiv
     return of_matrices(matrix_view(np.asarray(u, np.float64), flatten), spec)
 
 
-def of_matrices(mats: np.ndarray, spec: Orthogonalizer) -> Sensitivity:
-    """Sensitivity of orth applied to each matrix of the stack `mats` [B, m, n] (compute format)."""
-    mats = np.asarray(mats, np.float64)
-    s = np.linalg.svd(mats, compute_uv=False)
-    err_sq, ref_sq, note = _squares(spec, s, mats.shape[-2:])
-    live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
-    condition = 1.0
-    if live.size:
-        with np.errstate(divide="ignore"):
-            condition = float(np.max(live[:, 0] / live[:, -1]))
+def of_matrices(mats: np.ndarray | Sequence[np.ndarray], spec: Orthogonalizer) -> Sensitivity:
+    """Sensitivity of orth applied to each matrix of the stack `mats` [B, m, n] (compute format), or
+    of several stacks whose matrix shapes differ (the uneven TP shards of one direction: their
+    squares add up; `shape` is the largest stack's)."""
+    stacks = [np.asarray(mats, np.float64)] if isinstance(mats, np.ndarray) else \
+        [np.asarray(m, np.float64) for m in mats if np.size(m)]
+    err_sq = ref_sq = 0.0
+    notes, condition = [], 1.0
+    for stack in stacks:
+        s = np.linalg.svd(stack, compute_uv=False)
+        e, r, note = _squares(spec, s, stack.shape[-2:])
+        err_sq, ref_sq, notes = err_sq + e, ref_sq + r, notes + ([note] if note else [])
+        live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]
+        if live.size:
+            with np.errstate(divide="ignore"):
+                condition = max(condition, float(np.max(live[:, 0] / live[:, -1])))
     amplification = math.sqrt(err_sq / ref_sq) if ref_sq > 0.0 else 0.0
-    return Sensitivity(amplification, condition, note, (mats.shape[-2], mats.shape[-1]))
+    largest = max(stacks, key=lambda m: m.shape[-2] * m.shape[-1])
+    return Sensitivity(amplification, condition, notes[0] if notes else "", (largest.shape[-2], largest.shape[-1]))
 
 
 def of_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]]) -> list[list[Sensitivity]]:

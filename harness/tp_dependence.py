@@ -12,20 +12,43 @@ as PyTorch's ColwiseParallel / RowwiseParallel (and DeepSpeed's AutoTP) split th
   per_shard+heads    each shard's whole heads alone (column-parallel attention projections): equals
                      per-head orthogonalization of the unsharded matrix, so exact against that
 
-    python -m harness.tp_dependence [--hidden 256 --heads 8 --ffn 512 --seed 0]
+It also computes the kernel-level figures of a published measurement of DeepSpeed's Muon under
+AutoTP (Keller Jordan's quintic, 5 steps, Gaussian gradients): per rank at tp 2 for 256x256, and
+for 512x1024 split on dim 0 and on dim 1 at tp 2 and 4 (`SEED_FIGURES`: the published values, to
+be quoted next to ours). `--out FILE` stores both as JSON, which the reports read
+(reports/tp_table.py; computing them takes minutes, so reports never recompute them).
+
+    python -m harness.tp_dependence [--hidden 256 --heads 8 --ffn 512 --seed 0] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from oracles import Orthogonalizer
 from oracles.tensor_parallel import dependence, orth_tp, orth_whole
+from reports.tp_table import STORED
 
 TP_DEGREES = (2, 4)
+
+SEED_FIGURES = (
+    # (shape, split dim, tp, published relative difference: per rank for 256x256, whole for the others)
+    ((256, 256), 0, 2, 0.53),
+    ((512, 1024), 0, 2, 0.34),
+    ((512, 1024), 0, 4, 0.38),
+    ((512, 1024), 1, 2, 0.68),
+    ((512, 1024), 1, 4, 0.66),
+)
+"""The kernel-level figures a published report measured for per-shard orthogonalization (DeepSpeed's
+Muon under AutoTP): relative difference to the unsharded update."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +112,29 @@ def _row(m: Matrix, tp: int, mode: str, whole: np.ndarray, got: np.ndarray) -> R
     return Row(m.name, m.shape, m.dim, tp, mode, rel, cos, ())
 
 
+def seed_figures(seed: int = 0) -> list[dict]:
+    """Our figures for SEED_FIGURES' settings: relative difference, cosine and per-rank differences."""
+    spec = Orthogonalizer.named("newton_schulz", steps=5)
+    out = []
+    for k, (shape, dim, tp, published) in enumerate(SEED_FIGURES):
+        u = np.random.default_rng([seed, 100 + k]).standard_normal(shape)
+        rel, cos, per_rank = dependence(u, spec, dim, tp)
+        out.append(dict(shape=list(shape), dim=dim, tp=tp, published=published, rel_diff=rel, cosine=cos,
+                        per_rank=per_rank))
+    return out
+
+
+def store(path: Path, hidden: int, heads: int, ffn: int, seed: int) -> None:
+    """Write the table and the seed figures, with how they were made, as JSON."""
+    data = dict(command=" ".join(["python -m harness.tp_dependence", *sys.argv[1:]]),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                settings=dict(hidden=hidden, heads=heads, ffn=ffn, seed=seed, orthogonalizer="newton_schulz",
+                              steps=5, gradient="gaussian"),
+                rows=[dataclasses.asdict(r) for r in table(hidden, heads, ffn, seed)],
+                seed_figures=seed_figures(seed))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def markdown(rows: list[Row]) -> str:
     """The table as Markdown, one line per row."""
     lines = ["| matrix | shape | split | tp | mode | rel. difference | cosine | per rank | exact |",
@@ -108,7 +154,11 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--ffn", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help=f"store the table and seed figures as JSON (the reports read {STORED.name})")
     args = parser.parse_args()
+    if args.out:
+        store(args.out, args.hidden, args.heads, args.ffn, args.seed)
+        return
     print(markdown(table(args.hidden, args.heads, args.ffn, args.seed)))
 
 

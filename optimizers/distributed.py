@@ -34,17 +34,21 @@ from torch.distributed.tensor import zeros as distributed_zeros
 
 
 def process_group(mesh: Any) -> dist.ProcessGroup | None:
-    """The process group of `Muon(mesh=...)`: None, a ProcessGroup, or a 1-D DeviceMesh."""
+    """The process group of `Muon(mesh=...)`, over which every rank agrees on each step: None, a
+    ProcessGroup, the group of a 1-D DeviceMesh, or the flattened group of a DeviceMesh of more dims
+    (e.g. ("dp", "tp"); optimizers/tensor_parallel.py)."""
     if mesh is None:
         return None
     if isinstance(mesh, DeviceMesh):
-        if mesh.ndim != 1:
-            raise ValueError(f"Muon(mesh=...): a {mesh.ndim}-D DeviceMesh {tuple(mesh.shape)} is not supported; "
-                             f"pass a 1-D mesh (or a ProcessGroup)")
-        return mesh.get_group()
+        if mesh.ndim == 1:
+            return mesh.get_group()
+        if not mesh.mesh_dim_names:
+            raise ValueError(f"Muon(mesh=...): a {mesh.ndim}-D DeviceMesh {tuple(mesh.shape)} needs mesh_dim_names "
+                             f"(e.g. ('dp', 'tp')), which name its tensor-parallel dim")
+        return mesh._flatten().get_group()
     if isinstance(mesh, dist.ProcessGroup):
         return mesh
-    raise TypeError(f"Muon(mesh=...) takes a ProcessGroup or a 1-D DeviceMesh, got {type(mesh).__name__}")
+    raise TypeError(f"Muon(mesh=...) takes a ProcessGroup or a DeviceMesh, got {type(mesh).__name__}")
 
 
 def chunk_sizes(size: int, world: int) -> list[int]:
@@ -181,7 +185,10 @@ def exchange(pieces: torch.Tensor, layout: Layout,
              matrix_update: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The exchange stage of every matrix algorithm: this rank's pieces [N, *piece] of a megabatch ->
     each whole member assembled on its owner, `matrix_update` run there on the owned members
-    [k, *shape], and this rank's pieces of every result back [N, *piece]."""
+    [k, *shape], and this rank's pieces of every result back [N, *piece]. A layout that is not a
+    1-D `Layout` (optimizers.tensor_parallel.MeshLayout) runs its own exchange."""
+    if not isinstance(layout, Layout):
+        return layout.exchange(pieces, matrix_update)
     whole = assemble(pieces, layout)
     return scatter(matrix_update(whole), layout, pieces.shape[0])
 

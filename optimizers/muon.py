@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-from optimizers import checkpoint, distributed, plan
+from optimizers import checkpoint, distributed, plan, tensor_parallel
 from optimizers.agreement import agree
 from optimizers.algorithms import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, resolve
 from optimizers.groups import check_group, check_scalars, filled
@@ -38,9 +38,10 @@ class Muon(torch.optim.Optimizer):
       ns_steps: polynomial steps (default 5).
       compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere).
       eps: added to the Frobenius norm in the normaliser.
-      mesh: None (one process), or the ProcessGroup / 1-D DeviceMesh the parameters are distributed over:
+      mesh: None (one process), or the ProcessGroup / DeviceMesh the parameters are distributed over:
         plain tensors are replicated (DDP), DTensors sharded Shard(d) (FSDP2: d = 0) or replicated;
-        every whole matrix is orthogonalized once, on one rank (optimizers/distributed.py). Every rank
+        every whole matrix is orthogonalized once, on one rank (optimizers/distributed.py). A mesh of
+        2+ dims (FSDP2 x TP, e.g. ("dp", "tp")) and TP-sharded parameters: optimizers/tensor_parallel.py. Every rank
         must step the same parameters (the same ones with gradients) in the same order; a step where
         they differ, or that one rank rejects, raises on every rank before any rank writes
         (optimizers/agreement.py).
@@ -48,6 +49,11 @@ class Muon(torch.optim.Optimizer):
       beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups.
       algorithm: the default group algorithm: a registered name ("muon", "normuon", "adamw") or an
         `Algorithm` record (optimizers/algorithms/base.py).
+      tp_mode: "gather" (default: the whole matrix is orthogonalized, the unsharded update) or "per_shard"
+        (each TP shard alone, as DeepSpeed's AutoTP; lr scale still from the global shape), for
+        parameters sharded on the mesh dim named `tp_dim` (default "tp"); also a group option.
+      num_heads: group option: orthogonalize a 2-D [num_heads * head_dim, in] parameter as num_heads
+        [head_dim, in] blocks, lr scale from the head block (None: the whole matrix).
       options: options of other registered algorithms; a group's missing options default from its record.
 
     Raises ValueError/TypeError before touching anything on bad options or parameters. `step()` is
@@ -56,6 +62,7 @@ class Muon(torch.optim.Optimizer):
     """
 
     _cached: _Cached | None = None  # the last validated plan (a class default: survives copy and pickle)
+    _tp_dim: str = "tp"
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = MUON.defaults["momentum"],
                  nesterov: bool = MUON.defaults["nesterov"], weight_decay: float = 0.0,
@@ -67,14 +74,17 @@ class Muon(torch.optim.Optimizer):
                  betas: tuple[float, float] = ADAMW.defaults["betas"],
                  adamw_eps: float = ADAMW.defaults["adamw_eps"], beta2: float = NORMUON.defaults["beta2"],
                  variance_eps: float = NORMUON.defaults["variance_eps"], algorithm: str | Algorithm = "muon",
-                 **options: Any) -> None:
+                 tp_mode: str = MUON.defaults["tp_mode"], tp_dim: str = "tp", **options: Any) -> None:
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise TypeError(f"Muon() got unknown options {unknown}; known: {sorted(OPTIONS)}")
+        if not isinstance(tp_dim, str):
+            raise TypeError(f"Muon(tp_dim=...) must be a mesh dim name (str), got {tp_dim!r}")
         self._group = distributed.process_group(mesh)
+        self._tp_dim = tp_dim
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         adjust_lr=adjust_lr, flatten=flatten, orthogonalizer=orthogonalizer,
-                        ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm=algorithm,
+                        ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm=algorithm, tp_mode=tp_mode,
                         betas=betas, adamw_eps=adamw_eps, beta2=beta2, variance_eps=variance_eps, **options)
         super().__init__(params, defaults)
 
@@ -87,6 +97,8 @@ class Muon(torch.optim.Optimizer):
         algorithm = check_group(index, merged)
         if not algorithm.elementwise:  # an elementwise algorithm steps any DTensor layout as it is
             check_layouts(f"param group {index}", merged["params"], self._group, algorithm.check_layout)
+            for i, p in enumerate(merged["params"]):
+                tensor_parallel.check_heads(f"param group {index}", i, p, merged, self._tp_dim)
         super().add_param_group({**merged, "params": param_group["params"]})
 
     def state_dict(self) -> dict[str, Any]:
@@ -134,7 +146,7 @@ class Muon(torch.optim.Optimizer):
                 error = exc
         else:
             try:
-                plans = plan.make_plan(self.param_groups, self.state, self._group)
+                plans = plan.make_plan(self.param_groups, self.state, self._group, self._tp_dim)
             except (ValueError, TypeError) as exc:
                 plans, error = [], exc
             fingerprint = plan.fingerprint(self.param_groups) if self._group is not None else []

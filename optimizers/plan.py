@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from optimizers import distributed, state as param_state
+from optimizers import distributed, state as param_state, tensor_parallel
 from optimizers.algorithms import Algorithm
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
@@ -34,11 +34,11 @@ from optimizers.validation import check_grad, check_layouts
 @dataclass(frozen=True)
 class Megabatch:
     """Same-shape parameters of one group stepped in one batched call; `layout`: how they lie on the
-    ranks (None in one process)."""
+    ranks (None in one process; a MeshLayout on a mesh of 2+ dims or under tp_mode="per_shard")."""
 
     shape: tuple[int, ...]
     params: tuple[torch.Tensor, ...]
-    layout: distributed.Layout | None
+    layout: distributed.Layout | tensor_parallel.MeshLayout | None
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,18 @@ class GroupPlan:
 
 
 def make_plan(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any],
-              process_group: dist.ProcessGroup | None) -> list[GroupPlan]:
+              process_group: dist.ProcessGroup | None, tp_dim: str = "tp") -> list[GroupPlan]:
     """Check everything a step reads (module docstring); ValueError/TypeError naming the group,
-    the parameter and the option or key. Reads only: `state` entries are not created."""
+    the parameter and the option or key. Reads only: `state` entries are not created. `tp_dim`:
+    the mesh dim name of tensor parallelism (optimizers/tensor_parallel.py)."""
     plans = []
     for index, group in enumerate(param_groups):
         where = f"param group {index}"
         algorithm = check_group(index, group)
         if not algorithm.elementwise:
             check_layouts(where, group["params"], process_group, algorithm.check_layout)
+            for i, p in enumerate(group["params"]):
+                tensor_parallel.check_heads(where, i, p, group, tp_dim)
         stepped = []
         for i, p in enumerate(group["params"]):
             if p.grad is None:
@@ -73,20 +76,26 @@ def make_plan(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]
                 param_state.check(f"{where} parameter {i}", p, state[p], algorithm, group)
             stepped.append(p)
         plans.append(GroupPlan(group, algorithm, tuple(stepped),
-                               () if algorithm.elementwise else _megabatches(stepped, process_group)))
+                               () if algorithm.elementwise else
+                               _megabatches(stepped, process_group, group["tp_mode"], tp_dim)))
     return plans
 
 
-def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | None) -> tuple[Megabatch, ...]:
+def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | None, tp_mode: str,
+                 tp_dim: str) -> tuple[Megabatch, ...]:
     """Group `params` by (shape, dtype, device, placements), in first-appearance order; under a
-    process group, member j of the step's megabatches in order is owned by rank j mod W."""
+    process group, member j of the step's megabatches in order is owned by rank j mod W (of the
+    TP group, on a mesh of 2+ dims)."""
     buckets: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
         buckets.setdefault((tuple(p.shape), p.dtype, p.device, distributed.placements(p)), []).append(p)
     out, first_owner = [], 0
     for (shape, *_), members in buckets.items():
         layout = None
-        if process_group is not None:
+        if process_group is not None and tensor_parallel.uses_mesh_layout(members[0], tp_mode, tp_dim):
+            layout = tensor_parallel.mesh_layout(members[0], tp_mode, tp_dim, first_owner)
+            first_owner += len(members)
+        elif process_group is not None:
             layout = distributed.layout_of(members[0], process_group, first_owner)
             first_owner += len(members)
         out.append(Megabatch(shape, tuple(members), layout))
@@ -106,8 +115,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> None:
         directions = {}
         for p in plan.params:
             directions[p] = algorithm.direction(p.grad, param_state.create(p, state[p], algorithm, group), group)
-        matrix_update = algorithm.matrix_update(group)
         for batch in plan.megabatches:
+            matrix_update = algorithm.matrix_update(group, batch.shape)
             stack = torch.stack([directions[p] for p in batch.params])
             if batch.layout is None:
                 updates = matrix_update(stack)

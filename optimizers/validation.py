@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 PARAM_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -63,26 +64,22 @@ def check_grad(where: str, index: int, p: torch.Tensor) -> None:
 def check_layouts(where: str, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None,
                   check_layout: Callable[[str, int, torch.Tensor], None]) -> None:
     """Every parameter lies in a layout distributed Muon supports: a plain tensor (single process,
-    or replicated over `group`), or a DTensor on a 1-D mesh of `group`'s size placed Shard(d) or
-    Replicate(). A DTensor needs a group; 2-D meshes, Partial placements and parameters sharded
-    on two dims are rejected; then `check_layout(where, i, p)`, the algorithm's own rule."""
+    or replicated over `group`), or a DTensor on a mesh of `group`'s size placed Shard(d) or
+    Replicate() on each mesh dim (also FSDP2's _StridedShard(d) on a mesh of 2+ dims) (a mesh of 2+ dims, e.g. FSDP2 x TP: optimizers/tensor_parallel.py).
+    A DTensor needs a group; Partial placements, and parameters sharded on two dims of a 1-D mesh,
+    are rejected; then `check_layout(where, i, p)`, the algorithm's own rule."""
     for i, p in enumerate(params):
         if not isinstance(p, DTensor):
             continue
         placements = tuple(p.placements)
         if group is None:
             raise ValueError(f"{where}: parameter {i} is a DTensor {placements}; pass Muon(mesh=...) "
-                             f"(its 1-D DeviceMesh or ProcessGroup) for distributed parameters")
-        sharded = sorted(pl.dim for pl in placements if isinstance(pl, Shard))
-        if len(sharded) > 1:
-            raise ValueError(f"{where}: parameter {i} of shape {tuple(p.shape)} is sharded on dims {sharded} "
-                             f"({placements}); only one sharded dim is supported")
-        if p.device_mesh.ndim != 1:
-            raise ValueError(f"{where}: parameter {i} lives on a {p.device_mesh.ndim}-D DeviceMesh "
-                             f"{tuple(p.device_mesh.shape)}; only 1-D meshes are supported")
-        (placement,) = placements
-        if type(placement) not in (Shard, Replicate):
-            raise ValueError(f"{where}: parameter {i} has placement {placement}; supported: Shard(d), Replicate()")
+                             f"(its DeviceMesh or ProcessGroup) for distributed parameters")
+        for placement in placements:  # a 1-D exchange cuts torch.chunk pieces: no _StridedShard there
+            if type(placement) not in ((Shard, _StridedShard, Replicate) if p.device_mesh.ndim > 1
+                                       else (Shard, Replicate)):
+                raise ValueError(f"{where}: parameter {i} has placement {placement}; supported: Shard(d), "
+                                 f"Replicate()")
         check_layout(where, i, p)
         if p.device_mesh.size() != dist.get_world_size(group):
             raise ValueError(f"{where}: parameter {i} lives on a mesh of {p.device_mesh.size()} ranks, "

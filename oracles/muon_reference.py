@@ -118,10 +118,12 @@ def step_sizes(shape: tuple[int, ...], hyper: MuonHyper, conv: Conventions) -> t
     return step, (lr if conv.weight_decay_lr == "base" else step)
 
 
-def apply_update(x: np.ndarray, update: np.ndarray, hyper: MuonHyper, conv: Conventions) -> np.ndarray:
-    """X (1 - lr_wd wd) - lr scale update, in the declared order, with the declared lr scale;
-    cautious decay leaves the entries where X * update <= 0 undecayed."""
-    step, lr_wd = step_sizes(x.shape, hyper, conv)
+def apply_update(x: np.ndarray, update: np.ndarray, hyper: MuonHyper, conv: Conventions,
+                 scale_shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """X (1 - lr_wd wd) - lr scale update, in the declared order, with the declared lr scale (of
+    `scale_shape`, default X's shape: e.g. one head block); cautious decay leaves the entries where
+    X * update <= 0 undecayed."""
+    step, lr_wd = step_sizes(x.shape if scale_shape is None else scale_shape, hyper, conv)
     decay = 1.0 - lr_wd * hyper.weight_decay
     if conv.weight_decay_mask == "cautious":
         decay = np.where(x * update > 0.0, decay, 1.0)

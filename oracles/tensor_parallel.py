@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from oracles.conventions import Orthogonalizer
-from oracles.muon_reference import orthogonalize
+from oracles.conventions import Conventions, Orthogonalizer
+from oracles.muon_reference import MuonHyper, Momentum, apply_update, momentum_and_direction, orthogonalize
+from oracles.rounding import round_to
 
 MODES = ("gather", "per_shard")
 
@@ -89,3 +90,15 @@ def dependence(u: np.ndarray, spec: Orthogonalizer, dim: int, tp: int,
     rel = float(np.linalg.norm(shard - whole) / np.linalg.norm(whole))
     cosine = float(np.sum(shard * whole) / (np.linalg.norm(shard) * np.linalg.norm(whole)))
     return rel, cosine, per_rank
+
+
+def reference_tp_muon_step(x: np.ndarray, m: Momentum, g: np.ndarray, hyper: MuonHyper, conv: Conventions,
+                           mode: str, dim: int, tp: int, num_heads: int | None = None) -> tuple[np.ndarray, Momentum]:
+    """One FP64 Muon step of a 2-D weight under a `tp`-way TP split of `dim`: the momentum of the whole
+    weight (elementwise, so layout free), O = orth_tp(round_compute(U)), and the lr scale of the whole
+    weight, or of one head block [rows / num_heads, in] with heads: the TP mode changes O only."""
+    m, u = momentum_and_direction(m, g, hyper, conv)
+    rounded = round_to(u, conv.compute_dtype) if conv.rounding == "nearest" else u
+    o = orth_tp(rounded, conv.orthogonalizer, mode, dim, tp, num_heads)
+    shape = None if num_heads is None else (x.shape[0] // num_heads, x.shape[1])
+    return apply_update(np.asarray(x, dtype=np.float64), o, hyper, conv, shape), m

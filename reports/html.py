@@ -17,6 +17,7 @@ import re
 from typing import Mapping
 from urllib.parse import quote
 
+from reports import tp_table
 from reports.derived import allowed, title, verdict
 from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
 from reports.records import (
@@ -84,12 +85,19 @@ def render_html(records: list[Record], info: RunInfo, pictures: Mapping[tuple[st
         _grid(records),
         _breakdown(records, "check"),
         _breakdown(records, "param_dtype"),
+        _tp_section(records),
         _legend(),
         _filters(records),
         _table(ordered, anchors),
         _details(ordered, anchors, pictures),
     ))
     return page(title(records, info), _CSS, body)
+
+
+def _tp_section(records: list[Record]) -> str:
+    """The TP-dependence table (reports/tp_table.py) when the run holds a tensor-parallel record."""
+    data = tp_table.load() if tp_table.has_tp(records) else None
+    return tp_table.html_section(data) if data else ""
 
 
 def grid_cell(record: Record) -> str:

@@ -13,6 +13,7 @@ import html
 import math
 import re
 
+from reports import tp_table
 from reports.derived import allowed, title
 from reports.records import STATUSES, Record, RunInfo, format_metric, group_by, status_counts, worst_first, worst_ratio
 
@@ -29,9 +30,16 @@ def render_markdown(
         _status_table(records),
         _dtype_table(records),
         _worst_table(ordered, failing, max_rows),
+        *_tp_section(records),
         f"Full report: {code_span(artifact)} (HTML artifact of this job).",
     )
     return "\n\n".join(parts) + "\n"
+
+
+def _tp_section(records: list[Record]) -> tuple[str, ...]:
+    """The TP-dependence table (reports/tp_table.py) when the run holds a tensor-parallel record."""
+    data = tp_table.load() if tp_table.has_tp(records) else None
+    return (tp_table.markdown(data),) if data else ()
 
 
 def cell_text(value: object) -> str:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Partial, Shard
 
 import optimizers
 from harness.pool import pools
@@ -93,11 +93,10 @@ def refusals(ctx) -> dict[str, str]:
     flat = torch.nn.Parameter(torch.randn(4, 6))
     before = flat.detach().clone()
     mesh2d = init_device_mesh("cpu", (ctx.world_size, 1))
-    two_dims = DTensor.from_local(torch.randn(4 // ctx.world_size, 6), mesh2d, [Shard(0), Shard(1)],
-                                  shape=torch.Size((4, 6)), stride=(6, 1))
+    partial = DTensor.from_local(torch.randn(4, 6), ctx.mesh, [Partial()], shape=torch.Size((4, 6)), stride=(6, 1))
     cases = {
         "2-D mesh": lambda: optimizers.Muon([flat], mesh=mesh2d),
-        "two sharded dims": lambda: optimizers.Muon([nn.Parameter(two_dims)], mesh=ctx.mesh),
+        "partial": lambda: optimizers.Muon([nn.Parameter(partial)], mesh=ctx.mesh),
         "DTensor without a mesh": lambda: optimizers.Muon([nn.Parameter(
             DTensor.from_local(torch.randn(2, 6), ctx.mesh, [Shard(0)], shape=torch.Size((2 * ctx.world_size, 6)),
                                stride=(6, 1)))]),
@@ -128,10 +127,10 @@ def test_unsupported_layouts_are_refused_with_clear_errors():
     result = pools().run("gloo", 2, refusals)
     assert result.ok, result.describe()
     got = result.values[0]
-    assert "2-D DeviceMesh" in got["2-D mesh"] and "1-D mesh" in got["2-D mesh"]
-    assert "sharded on dims [0, 1]" in got["two sharded dims"]
+    assert "2-D DeviceMesh" in got["2-D mesh"] and "mesh_dim_names" in got["2-D mesh"]
+    assert "placement P(sum)" in got["partial"] and "Shard(d), Replicate()" in got["partial"]
     assert "pass Muon(mesh=...)" in got["DTensor without a mesh"]
-    assert got["not a mesh"].startswith("TypeError") and "ProcessGroup or a 1-D DeviceMesh" in got["not a mesh"]
+    assert got["not a mesh"].startswith("TypeError") and "ProcessGroup or a DeviceMesh" in got["not a mesh"]
     assert got["unchanged"] == "True"
     assert "expected the torch.chunk piece" in got["odd split"] and got["odd split unchanged"] == "True"
 

@@ -19,6 +19,8 @@ class OursMuon(OptimizerTarget):
 
     name = "ours"
     exact_relations = True
+    tensor_parallel = True
+    """It takes tp_mode and num_heads from a TP case (harness/algorithms.py: `options`)."""
 
     def version(self) -> str:
         return f"optimizers (torch {torch.__version__})"

@@ -148,13 +148,17 @@ class Algorithm:
         """True for an algorithm without matrix stages (AdamW)."""
         return self.orthogonalize is None
 
-    def matrix_update(self, group: Group) -> Callable[[torch.Tensor], torch.Tensor]:
-        """stack [k, *shape] of whole members -> their updates [k, *shape]: matrix view, select,
+    def matrix_update(self, group: Group, shape: tuple[int, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """stack [k, *shape] of whole members (or of TP shards under tp_mode="per_shard") -> their
+        updates, same shape: matrix view (head blocks of the global `shape` with num_heads), select,
         orthogonalize, expand."""
+        heads = group.get("num_heads")
+        head_dim = None if heads is None else shape[0] // heads
+
         def run(stack: torch.Tensor) -> torch.Tensor:
             if stack.shape[0] == 0:
                 return stack
-            selected, expand = self.select(as_matrices(stack, group["flatten"]), group)
+            selected, expand = self.select(as_matrices(stack, group["flatten"], head_dim), group)
             return expand(self.orthogonalize(selected, group)).reshape(stack.shape)
         return run
 

@@ -146,6 +146,17 @@ def validate_dion2(where: str, group: Group) -> None:
         raise ValueError(f"{where}: selection_scope must be one of {SCOPES}, got {group['selection_scope']!r}")
     if group["nesterov"]:
         raise ValueError(f"{where}: Dion2 has no Nesterov form; nesterov must be False")
+    if group["tp_mode"] != "gather" or group["num_heads"] is not None:
+        raise ValueError(f"{where}: Dion2 takes tp_mode='gather' and num_heads=None only (got tp_mode="
+                         f"{group['tp_mode']!r}, num_heads={group['num_heads']!r}): its selection is defined on "
+                         f"whole matrices")
+
+
+def one_dim_mesh(where: str, index: int, p: torch.Tensor) -> None:
+    """Layout rule of Dion2: its sharded selection reads one Shard placement, so a mesh of 2+ dims is refused."""
+    if p.device_mesh.ndim != 1:
+        raise ValueError(f"{where}: Dion2 parameter {index} lives on a {p.device_mesh.ndim}-D DeviceMesh "
+                         f"{tuple(p.device_mesh.shape)}; Dion2 supports 1-D meshes only")
 
 
 def validate_nordion2(where: str, group: Group) -> None:
@@ -247,6 +258,7 @@ def normalise_selected_rows(updates: torch.Tensor, states: list[State], group: G
 def whole_rows(where: str, index: int, p: torch.Tensor) -> None:
     """Layout rule of NorDion2 (NorMuon's): a parameter sharded on a dim other than 0 would have its
     rows split, and the row second moment needs whole rows."""
+    one_dim_mesh(where, index, p)
     (placement,) = p.placements
     if isinstance(placement, Shard) and placement.dim != 0:
         raise ValueError(f"{where}: NorDion2 parameter {index} of shape {tuple(p.shape)} is sharded on dim "
@@ -265,6 +277,7 @@ DION2 = Algorithm(
     select=_selector(rows_only=False),
     orthogonalize=orthogonalize_group,
     lr_scale=matrix_lr_scale,
+    check_layout=one_dim_mesh,
 )
 
 NORDION2 = dataclasses.replace(

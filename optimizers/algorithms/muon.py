@@ -2,7 +2,9 @@
 
   M <- mu M + G
   U = G + mu M   (Nesterov)   else   U = M
-  O = orth(U)    per matrix of the parameter's matrix view (optimizers.matrix_view)
+  O = orth(U)    per matrix of the parameter's matrix view (optimizers.matrix_view; with num_heads,
+                 per head block), of the whole matrix or of each TP shard (tp_mode:
+                 optimizers/tensor_parallel.py)
   X <- X (1 - lr wd)
   X <- X - lr scale O           scale from `adjust_lr` and the matrix view
 """
@@ -17,6 +19,7 @@ from optimizers.distributed import local
 from optimizers.matrix_view import ADJUST_LR, lr_scale
 from optimizers.gram_newton_schulz import RESTARTS
 from optimizers.orthogonalize import ORTHOGONALIZERS, SCHEDULES, orthogonalize
+from optimizers.tensor_parallel import TP_MODES
 from optimizers.validation import check_params, check_real
 
 COMPUTE_DTYPES = (None, torch.float64, torch.float32, torch.bfloat16, torch.float16)
@@ -52,6 +55,23 @@ def validate_muon(where: str, group: Group) -> None:
     for flag in ("nesterov", "flatten"):
         if not isinstance(group[flag], bool):
             raise TypeError(f"{where}: {flag} must be a bool, got {group[flag]!r}")
+    check_tp_options(where, group)
+
+
+def check_tp_options(where: str, group: Group) -> None:
+    """tp_mode is one of TP_MODES; num_heads is None or a positive int dividing the rows of every
+    parameter, which must then be 2-D."""
+    if group["tp_mode"] not in TP_MODES:
+        raise ValueError(f"{where}: unknown tp_mode {group['tp_mode']!r}; expected one of {TP_MODES}")
+    heads = group["num_heads"]
+    if heads is None:
+        return
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"{where}: num_heads must be a positive integer or None, got {heads!r}")
+    for i, p in enumerate(group["params"]):
+        if p.ndim != 2 or p.shape[0] % heads:
+            raise ValueError(f"{where}: parameter {i} of shape {tuple(p.shape)} does not split into num_heads="
+                             f"{heads} head blocks [head_dim, in] (a 2-D parameter whose rows num_heads divides)")
 
 
 def momentum_direction(grad: torch.Tensor, state: State, group: Group) -> torch.Tensor:
@@ -70,8 +90,9 @@ def orthogonalize_group(mats: torch.Tensor, group: Group) -> torch.Tensor:
 
 
 def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
-    """lr multiplier of a parameter of `shape`: `adjust_lr` on the fans of its matrix view."""
-    return lr_scale(shape, group["flatten"], group["adjust_lr"])
+    """lr multiplier of a parameter of `shape`: `adjust_lr` on the fans of its matrix view (of one
+    head block with num_heads), from its global shape under every TP mode."""
+    return lr_scale(shape, group["flatten"], group["adjust_lr"], group["num_heads"])
 
 
 MOMENTUM = StateKey("momentum_buffer", parameter_shape)
@@ -80,7 +101,7 @@ MUON = Algorithm(
     name="muon",
     defaults=dict(momentum=0.95, nesterov=False, adjust_lr="spectral_norm", flatten=False,
                   orthogonalizer="polar_express", ns_steps=None, compute_dtype=None, eps=1e-7,
-                  ns_coefficients=None, gram_restarts=RESTARTS),
+                  ns_coefficients=None, gram_restarts=RESTARTS, tp_mode="gather", num_heads=None),
     validate=validate_muon,
     state=(MOMENTUM,),
     direction=momentum_direction,

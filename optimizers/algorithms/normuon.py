@@ -21,6 +21,7 @@ import dataclasses
 
 import torch
 from torch.distributed.tensor import Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from optimizers.algorithms.base import Group, State, StateKey
 from optimizers.algorithms.muon import MUON, validate_muon
@@ -67,6 +68,9 @@ def validate_normuon(where: str, group: Group) -> None:
     check_real(where, "variance_eps", group["variance_eps"], 0.0)
     if group["variance_eps"] == 0.0:
         raise ValueError(f"{where}: variance_eps must be > 0 (it guards the division by sqrt(v))")
+    if group["num_heads"] is not None:
+        raise ValueError(f"{where}: NorMuon takes num_heads=None only (got {group['num_heads']!r}): per-head "
+                         f"orthogonalization followed by row normalisation has no reference here")
 
 
 def row_normalise(updates: torch.Tensor, states: list[State], group: Group) -> torch.Tensor:
@@ -75,13 +79,14 @@ def row_normalise(updates: torch.Tensor, states: list[State], group: Group) -> t
 
 
 def whole_rows(where: str, index: int, p: torch.Tensor) -> None:
-    """Layout rule: a parameter sharded on a dim other than 0 would have its rows (output channels)
-    split, and row statistics need whole rows."""
-    (placement,) = p.placements
-    if isinstance(placement, Shard) and placement.dim != 0:
-        raise ValueError(f"{where}: NorMuon parameter {index} of shape {tuple(p.shape)} is sharded on dim "
-                         f"{placement.dim}; NorMuon needs whole output-channel rows: shard on dim 0 (FSDP2's "
-                         f"Shard(0)) or replicate it")
+    """Layout rule: a parameter sharded on a dim other than 0 (on any mesh dim: a row-parallel TP
+    shard included, under either tp_mode) would have its rows (output channels) split, and row
+    statistics need whole rows."""
+    for placement in p.placements:
+        if isinstance(placement, (Shard, _StridedShard)) and placement.dim != 0:
+            raise ValueError(f"{where}: NorMuon parameter {index} of shape {tuple(p.shape)} is sharded on dim "
+                             f"{placement.dim}; NorMuon needs whole output-channel rows: shard on dim 0 (FSDP2's "
+                             f"Shard(0), column-parallel TP) or replicate it")
 
 
 def _variance_shape(shape: tuple[int, ...], group: Group) -> tuple[int, ...]:
