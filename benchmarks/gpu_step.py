@@ -1,26 +1,50 @@
-"""Median optimizer step time of our Muon (each orthogonalizer) beside peers, on three parameter sets.
+"""Median optimizer step time of our Muon (each orthogonalizer, each lever) beside peers, on three sets.
 
-    python benchmarks/gpu_step.py [--sets gpt2_small,llama24,convnext_t] [--steps 10] [--device cuda]
+    python benchmarks/gpu_step.py [--sets gpt2_small,convnext_t,llama24] [--only REGEX] [--steps 10]
+                                  [--budget 4] [--timeout 45] [--deadline 215] [--device cuda] [--scale 1]
 
-Prints one Markdown table: median step ms (CUDA events; host clock on CPU) after warm-up, the first
-step's wall time (compilation and autotuning included), the Newton–Schulz TFLOP of one step and the
-rate it achieved against a measured dense bf16 matmul peak. Peers run when installed:
-torch.optim.Muon (2-D only), dion's Muon (`dion`), the gram-newton-schulz package's Muon
-(`gram_newton_schulz`, pure-torch path: its CuTe kernels need `quack`). A peer that cannot take a
-parameter set says so in its cell. `--scale` shrinks every dim (for a CPU smoke run).
+Prints Markdown rows as each is measured (flushed): median step ms (CUDA events; host clock on CPU),
+the first step's wall time including construction (compilation and autotuning included), the
+standard Newton–Schulz TFLOP of one step, and the rate that equals against a measured dense bf16
+matmul peak ("NS-equivalent": a contender doing fewer FLOPs, e.g. Gram NS, can pass 100%).
+
+Bounded, so that one call of a few minutes yields the whole table:
+  - per contender, timed steps = clamp(budget / (one step's time), 3, --steps), warm-up likewise;
+  - per contender, `--timeout` seconds for construction, first step and measurement (SIGALRM): a peer
+    still compiling says so in its cell;
+  - for the whole run, `--deadline` seconds: what is left is printed as skipped;
+  - ours and torch.optim.Muon on every set first, then the peers that compile (dion, gram-newton-schulz);
+  - `--only REGEX` keeps the contenders whose label matches.
+Lever rows: "ours (X)" runs with every lever; "lever 2 off" runs the same orthogonalizer with plain
+products instead of symmetric products by halves (optimizers/symmetric.py); "ours (polar_express),
+lever 2 off" is the step as it was before the levers; "ours (gram_newton_schulz)" against
+"ours (polar_express)" is lever 1 (Gram NS on the rectangular matrices). A summary per set closes
+the run: our best against the fastest peer, and the goals of issue 13.
+Peers run when installed: torch.optim.Muon (2-D only), dion's Muon (`dion`), the gram-newton-schulz
+package's Muon with its CuTe kernels (needing `quack`); `--extra-peers` adds dion with `use_triton=True`
+and the gram-newton-schulz package without kernels. A Gram NS row notes how many matrices it computed
+by the Gram iteration and how many diverged and were recomputed (optimizers.gram_newton_schulz.STATS).
+`--scale` shrinks every dim (a CPU smoke run: `--device cpu --scale 0.02`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import io
 import math
+import re
+import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 
 import optimizers
+from optimizers import gram_newton_schulz as gram, symmetric
 
 
 def gpt2_small(s: float) -> list[tuple[int, ...]]:
@@ -48,7 +72,11 @@ def convnext_t(s: float) -> list[tuple[int, ...]]:
 
 
 SETS: dict[str, Callable[[float], list[tuple[int, ...]]]] = {
-    "gpt2_small": gpt2_small, "llama24": llama24, "convnext_t": convnext_t}
+    "gpt2_small": gpt2_small, "convnext_t": convnext_t, "llama24": llama24}
+
+GOALS_MS = {"gpt2_small": 4.0, "convnext_t": 5.0, "llama24": 500.0}
+"""Issue 13's median step goals; and the first step within FIRST_STEP_GOAL_S."""
+FIRST_STEP_GOAL_S = 3.0
 
 
 def _dim(n: int, s: float) -> int:
@@ -68,13 +96,19 @@ def matmul_peak(device: torch.device) -> float:
     """Measured dense bf16 matmul TFLOP/s (8192^3, median of 10 after 3 warm-ups; CUDA only)."""
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    ms = _median_ms(lambda: a @ b, 3, 10, device)
+    ms = statistics.median(_times_ms(lambda: a @ b, 3, 10, device))
     return 2 * 8192**3 / (ms * 1e-3) / 1e12
 
 
-def _median_ms(fn: Callable[[], object], warmup: int, steps: int, device: torch.device) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _times_ms(fn: Callable[[], object], warmup: int, steps: int, device: torch.device) -> list[float]:
     for _ in range(warmup):
         fn()
+    _sync(device)
     times = []
     for _ in range(steps):
         if device.type == "cuda":
@@ -82,81 +116,216 @@ def _median_ms(fn: Callable[[], object], warmup: int, steps: int, device: torch.
             start.record()
             fn()
             end.record()
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
-def contenders(flatten_ok: bool) -> dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | str]:
-    """name -> factory(params), or the reason it cannot run."""
-    out: dict[str, Callable | str] = {}
-    for orth in optimizers.ORTHOGONALIZERS if hasattr(optimizers, "ORTHOGONALIZERS") else (
-            "polar_express", "newton_schulz"):
-        if orth != "svd":
-            out[f"ours ({orth})"] = lambda ps, orth=orth: optimizers.Muon(ps, flatten=True, orthogonalizer=orth)
-    if hasattr(torch.optim, "Muon"):
-        out["torch.optim.Muon"] = (lambda ps: torch.optim.Muon(ps)) if not flatten_ok else "rejects convs (2-D only)"
+@contextlib.contextmanager
+def _plain_products() -> Iterator[None]:
+    """Lever 2 off: every symmetric product as one plain product."""
+    saved = symmetric.BLOCK
+    symmetric.BLOCK = 1 << 62
+    try:
+        yield
+    finally:
+        symmetric.BLOCK = saved
+
+
+@dataclass
+class Contender:
+    """A row: `make(params)` builds the optimizer (None: cannot run, `reason` says why), inside `context`;
+    `peer`: someone else's optimizer (compiles: measured after ours)."""
+
+    label: str
+    make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None
+    peer: bool
+    reason: str = ""
+    context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+
+
+def contenders(has_convs: bool, extra_peers: bool) -> list[Contender]:
+    """Ours first (each orthogonalizer, then the lever-off rows), then the peers; `extra_peers` adds
+    dion + triton and the gram-newton-schulz package without its kernels (each compiles anew)."""
+    def ours(orth: str) -> Callable:
+        return lambda ps: optimizers.Muon(ps, flatten=True, orthogonalizer=orth)
+
+    out = [Contender(f"ours ({orth})", ours(orth), False)
+           for orth in ("polar_express", "newton_schulz", "gram_newton_schulz")]
+    out.append(Contender("ours (gram_newton_schulz, fp16)", lambda ps: optimizers.Muon(
+        ps, flatten=True, orthogonalizer="gram_newton_schulz", compute_dtype=torch.float16), False))
+    out += [Contender(f"ours ({orth}), lever 2 off", ours(orth), False, context=_plain_products)
+            for orth in ("polar_express", "gram_newton_schulz")]
+    if not hasattr(torch.optim, "Muon"):
+        out.append(Contender("torch.optim.Muon", None, False, f"not in torch {torch.__version__}"))
+    elif has_convs:
+        out.append(Contender("torch.optim.Muon", None, False, "rejects convs (2-D only)"))
+    else:
+        out.append(Contender("torch.optim.Muon", lambda ps: torch.optim.Muon(ps), False))
     try:
         from dion import Muon as DionMuon  # noqa: PLC0415 - optional peer
-        out["dion"] = lambda ps: DionMuon(ps, flatten=True)
+        out.append(Contender("dion", lambda ps: DionMuon(ps, flatten=True), True))
+        if extra_peers:
+            out.append(Contender("dion + triton", lambda ps: DionMuon(ps, flatten=True, use_triton=True), True))
     except ImportError as exc:
-        out["dion"] = f"not installed ({exc.name})"
+        out.append(Contender("dion", None, True, f"not installed ({exc.name})"))
     try:
         from gram_newton_schulz import Muon as GramMuon  # noqa: PLC0415 - optional peer
-        out["gram-newton-schulz"] = lambda ps: GramMuon(ps, ns_use_kernels=False)
+
+        def gram_package(kernels: bool) -> Callable:
+            def make(ps: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+                with contextlib.redirect_stdout(io.StringIO()):  # its restart auto-tuning prints progress
+                    return GramMuon(ps, ns_use_kernels=kernels)
+            return make
+
+        out.append(Contender("gram-newton-schulz (kernels)", gram_package(True), True))
+        if extra_peers:
+            out.append(Contender("gram-newton-schulz (torch)", gram_package(False), True))
     except ImportError as exc:
-        out["gram-newton-schulz"] = f"not installed ({exc.name})"
+        out.append(Contender("gram-newton-schulz", None, True, f"not installed ({exc.name})"))
     return out
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise _Timeout
+
+
+@dataclass
+class Result:
+    ms: float
+    first_s: float
+    steps: int
+    note: str = ""
+
+
+def measure(contender: Contender, params: list[torch.nn.Parameter], device: torch.device, args: argparse.Namespace,
+            seconds: float) -> Result:
+    """Construction + first step (wall), then median of a budgeted number of steps, within `seconds`."""
+    gram.STATS.gram = gram.STATS.fallbacks = 0
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        with contender.context():
+            t0 = time.perf_counter()
+            opt = contender.make(params)
+            opt.step()
+            _sync(device)
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            opt.step()
+            _sync(device)
+            one = max(time.perf_counter() - t0, 1e-6)
+            steps = max(3, min(args.steps, int(args.budget / one)))
+            warmup = max(0, min(args.warmup, int(args.budget / 3 / one)))
+            times = _times_ms(opt.step, warmup, steps, device)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    note = f" [Gram NS: {gram.STATS.gram} matrices, {gram.STATS.fallbacks} fallbacks]" if gram.STATS.gram else ""
+    return Result(statistics.median(times), first, steps, note)
+
+
+def make_params(shapes: list[tuple[int, ...]], device: torch.device) -> list[torch.nn.Parameter]:
+    """fp32 parameters with fp32 gradients, N(0, 1), drawn on the device (seed 0)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen, device=device)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen, device=device)
+    return params
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", default=",".join(SETS))
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--only", default="", help="regex: keep contenders whose label matches")
+    parser.add_argument("--steps", type=int, default=10, help="most timed steps per contender")
+    parser.add_argument("--warmup", type=int, default=3, help="most warm-up steps per contender")
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds of timed steps per contender")
+    parser.add_argument("--timeout", type=float, default=45.0, help="seconds per contender, all included")
+    parser.add_argument("--deadline", type=float, default=215.0, help="seconds for the whole run")
+    parser.add_argument("--extra-peers", action="store_true", help="also dion + triton, gram-newton-schulz (torch)")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    start = time.perf_counter()
     device = torch.device(args.device)
+    signal.signal(signal.SIGALRM, _alarm)
     peak = matmul_peak(device) if device.type == "cuda" else math.nan
-    print(f"torch {torch.__version__}; device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
-          f"measured bf16 matmul peak {peak:.0f} TFLOP/s; median of {args.steps} steps after {args.warmup}")
-    print("| set | matrices | NS TFLOP/step | optimizer | median step ms | first step s | TFLOP/s | % of peak |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|")
-    for name in args.sets.split(","):
-        shapes = SETS[name](args.scale)
-        flops = ns_tflop(shapes)
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in shapes]
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=gen).to(device)
-        for label, make in contenders(any(len(s) > 2 for s in shapes)).items():
-            if isinstance(make, str):
-                print(f"| {name} | {len(shapes)} | {flops:.3g} | {label} | {make} | | | |")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"torch {torch.__version__}; device {name}; measured bf16 matmul peak {peak:.0f} TFLOP/s; "
+          f"symmetric products by {symmetric.MAX_BLOCKS} blocks from {2 * symmetric.BLOCK} rows", flush=True)
+    print("| set | matrices | NS TFLOP/step | optimizer | median step ms | steps | first step s | "
+          "NS-eq TFLOP/s | % of peak |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|", flush=True)
+    sets = args.sets.split(",")
+    shapes = {s: SETS[s](args.scale) for s in sets}
+    rows = {s: [c for c in contenders(any(len(x) > 2 for x in shapes[s]), args.extra_peers) if re.search(args.only, c.label)]
+            for s in sets}
+    results: dict[str, dict[str, Result]] = {s: {} for s in sets}
+    for peers in (False, True):
+        for set_name in sets:
+            todo = [c for c in rows[set_name] if c.peer == peers]
+            if not todo:
                 continue
-            try:
-                opt = make(params)
-                t0 = time.perf_counter()
-                opt.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                first = time.perf_counter() - t0
-                ms = _median_ms(opt.step, args.warmup, args.steps, device)
-            except Exception as exc:  # a peer that cannot run this set: say why in its cell
-                print(f"| {name} | {len(shapes)} | {flops:.3g} | {label} | failed: {type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:80]} | | | |")
-                continue
-            rate = flops / (ms * 1e-3)
-            print(f"| {name} | {len(shapes)} | {flops:.3g} | {label} | {ms:.2f} | {first:.2f} | {rate:.0f} | "
-                  f"{100 * rate / peak:.0f} |", flush=True)
-            del opt
-        del params
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            flops = ns_tflop(shapes[set_name])
+            head = f"| {set_name} | {len(shapes[set_name])} | {flops:.3g} |"
+            params = make_params(shapes[set_name], device) if any(c.make for c in todo) else []
+            for c in todo:
+                left = args.deadline - (time.perf_counter() - start)
+                if c.make is None or left < 2:
+                    print(f"{head} {c.label} | {c.reason or f'skipped: the {args.deadline:.0f} s run deadline'}"
+                          " | | | | |", flush=True)
+                    continue
+                seconds = min(args.timeout, left)
+                try:
+                    r = measure(c, params, device, args, seconds)
+                except _Timeout:
+                    print(f"{head} {c.label} | timed out after {seconds:.0f} s (construction, first step "
+                          "or measurement) | | | | |", flush=True)
+                    continue
+                except Exception as exc:  # a peer that cannot run this set: say why in its cell
+                    print(f"{head} {c.label} | failed: {type(exc).__name__}: "
+                          f"{(str(exc).splitlines() or [''])[0][:80]} | | | | |", flush=True)
+                    continue
+                finally:
+                    gc.collect()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                results[set_name][c.label] = r
+                rate = flops / (r.ms * 1e-3)
+                print(f"{head} {c.label}{r.note} | {r.ms:.2f} | {r.steps} | {r.first_s:.2f} | {rate:.3g} | "
+                      f"{100 * rate / peak:.0f} |", flush=True)
+            del params
+            gc.collect()
+    summary(results, rows, args.scale)
+    print(f"total {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def summary(results: dict[str, dict[str, Result]], rows: dict[str, list[Contender]], scale: float) -> None:
+    """Per set: our fastest row against the fastest peer, and issue 13's goals (full-size sets only)."""
+    print("\n| set | ours, fastest | ms | fastest peer | ms | peer / ours | goal ms | first step <= 3 s |")
+    print("|---|---|---:|---|---:|---:|---:|---|")
+    for set_name, measured in results.items():
+        peers = {c.label for c in rows[set_name] if c.peer or c.label == "torch.optim.Muon"}
+        ours = {k: v for k, v in measured.items() if k not in peers}
+        theirs = {k: v for k, v in measured.items() if k in peers}
+        if not ours:
+            continue
+        best = min(ours, key=lambda k: ours[k].ms)
+        peer = min(theirs, key=lambda k: theirs[k].ms) if theirs else None
+        goal = f"{GOALS_MS[set_name]:g} ({'met' if ours[best].ms <= GOALS_MS[set_name] else 'missed'})" \
+            if scale == 1.0 else "(scaled set)"
+        first = "yes" if ours[best].first_s <= FIRST_STEP_GOAL_S else f"no ({ours[best].first_s:.1f} s)"
+        print(f"| {set_name} | {best} | {ours[best].ms:.2f} | {peer or 'none measured'} | "
+              f"{theirs[peer].ms:.2f} | {theirs[peer].ms / ours[best].ms:.2f} | " if peer else
+              f"| {set_name} | {best} | {ours[best].ms:.2f} | none measured | | | ", end="")
+        print(f"{goal} | {first} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ implementation (ours), and write harness/bf16_noise.json, the tolerances' data.
 For every noise key (algorithm, parameter@compute dtype, orthogonalizer) with bf16 involved, it
 runs ours over every CI layer x flatten x Nesterov x gradient kind
 (robust_checks.GRADIENTS; seed 0, megabatch 1: members are independent; 3 steps, weight decay 0.1, lr modes
-cycling), computes every statistic
+cycling; Dion2 and NorDion2 with fraction MEASURED_FRACTION and no Nesterov, which they lack),
+computes every statistic
 exactly as the checks do, and keeps per key the worst
 |value|, the 99th percentile and the number of cases. The larger nightly layers are not measured
 (their bf16 runs cost minutes each on CPU), so the robust checks judge only the measured layers.
@@ -33,21 +34,28 @@ from harness.inputs import make_inputs  # noqa: E402
 from harness.targets import load_target  # noqa: E402
 
 
+MEASURED_FRACTION = 0.5
+"""The fraction of slices Dion2 and NorDion2 select in the measurement."""
+
+
 def measurement_cases() -> list[Case]:
-    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov."""
+    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov (Gram Newton-Schulz
+    for Muon only, the one algorithm whose cases take it)."""
     out = []
     cycle = itertools.count()
-    for optimizer, (pd, cd), orth in itertools.product(axes.OPTIMIZERS, axes.DTYPE_PAIRS, axes.ORTHOGONALIZERS):
-        if "bf16" not in (pd, cd) or not axes.compute_ok(orth, cd):
+    for optimizer, (pd, cd), orth in itertools.product(axes.OPTIMIZERS, axes.DTYPE_PAIRS, axes.EVERY_ORTHOGONALIZER):
+        if "bf16" not in (pd, cd) or not axes.compute_ok(orth, cd) or (orth == axes.GRAM and optimizer != "muon"):
             continue
         for layer, (_, shape) in axes.LAYERS.items():
+            selecting = optimizer in axes.SELECTING
             for flatten, nesterov, seed, grad in itertools.product((False, True), (False, True), (0,),
                                                                    robust_checks.GRADIENTS):
-                if flatten and len(shape) < 3:
+                if (flatten and len(shape) < 3) or (selecting and nesterov):
                     continue
                 out.append(Case(layer=layer, megabatch=1, flatten=flatten, param_dtype=pd, compute_dtype=cd,
                                 orthogonalizer=orth, adjust_lr=axes.ADJUST_LR[next(cycle) % 3], nesterov=nesterov,
-                                weight_decay=0.1, steps=3, grad=grad, seed=seed, optimizer=optimizer))
+                                weight_decay=0.1, steps=3, grad=grad, seed=seed, optimizer=optimizer,
+                                fraction=MEASURED_FRACTION if selecting else None))
     return out
 
 

@@ -7,7 +7,8 @@ For each world size w (default: every distributed world size of the tier up to N
 visible), in ascending order, one launch per backend:
 
   nccl  torchrun --standalone --nproc-per-node w -m harness run --backend nccl --tier T --select /ws<w>
-  gloo  python -m harness run --backend gloo --tier T --select /ws<w>   (a spawned pool of CPU ranks)
+  gloo  python -m harness run --backend gloo --tier T --select ...      (spawned pools of CPU ranks: the
+        cases split over `--cpu-jobs` such processes side by side, merged into one stored run)
   diff  python -m harness diff <gloo run> <nccl run>                    (paired case by case)
 
 World size 1 (`--world-sizes 1,...`) runs the single-process cases on `cuda` against `cpu`.
@@ -19,15 +20,19 @@ process group, so the harness writes the cases it finished, marked incomplete; S
 `KILL_GRACE` s) when the budget runs out, `RESERVE` s before it ends, to leave time for the
 files. What ran is written either way.
 
-Outputs, in benchmarks/results/<date>-<gpu kind>-torch<version>-ws<N>/ (`--results` to move it):
-  runs/<backend>-ws<w>/    the stored run of each launch (results.parquet, summary.md, run.json, ...)
-  logs/<backend>-ws<w>.log each launch's stdout and stderr, whole
+Outputs, in benchmarks/results/<date>-<gpu kind>-torch<version>-ws<N>/ (`--results` to move it; a
+folder of that name already there is kept, and this run takes the name with -2, -3, ...):
+  runs/<backend>-ws<w>/    the stored run of each launch (results.parquet, summary.md, run.json, ...);
+                           a split CPU twin's parts beside it, runs/gloo-ws<w>-part<j>/
+  logs/<backend>-ws<w>.log each launch's stdout and stderr, whole (-part<j>.log per part)
   diffs/ws<w>/             diff.md, diff.html of gloo vs nccl (cpu vs cuda at w = 1)
   results.parquet          every record of every launch (the stored-run format: `harness diff` reads it)
   timings.json             per launch: command, exit status, wall seconds, checks, whether it was cut
   summary.md               the table printed on stdout, then the failing checks
 When $OUT is set, the whole folder also goes into ONE tarball $OUT/<folder name>.tar.gz (a device
 machine returns only a few files). stdout gets a compact summary only; logs hold the rest.
+Exit status: 0 when it stored results (failing checks are in summary.md and the diffs), 1 when no
+launch stored any, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ RESERVE = 20.0
 """Seconds kept at the end of the budget for the diffs, the merged files and the tarball."""
 KILL_GRACE = 15.0
 """Seconds a stopped launch gets to write what it finished before SIGKILL."""
+MAX_CPU_JOBS = 8
+"""At most this many processes share a CPU twin's cases (each a parent and w gloo ranks)."""
 TARBALL_LIMIT = 15 * 2 ** 20
 """Bytes: a device machine returns files up to 16 MiB; above this the HTML reports are left out."""
 clock: Callable[[], float] = time.monotonic
@@ -73,15 +80,26 @@ clock: Callable[[], float] = time.monotonic
 
 
 @dataclass
-class Launch:
-    """One command of the plan and what became of it."""
+class Part:
+    """One process of a launch: its command, where it stores its run, its log, its exit status."""
 
-    world_size: int
-    backend: str
     command: list[str]
     out: Path
     log: Path
     returncode: int | None = None
+
+
+@dataclass
+class Launch:
+    """One backend at one world size: its parts (one process, or the CPU twin's cases split over
+    several processes run side by side and merged into `out`), and what became of it."""
+
+    world_size: int
+    backend: str
+    out: Path
+    parts: list[Part]
+    selection: list[str]
+    """The --select patterns of the whole launch (the same for both backends of a world size)."""
     seconds: float = 0.0
     cut: bool = False
     """Stopped by the budget (SIGTERM/SIGKILL), or never started."""
@@ -93,6 +111,14 @@ class Launch:
     @property
     def name(self) -> str:
         return f"{self.backend}-ws{self.world_size}"
+
+    @property
+    def returncode(self) -> int | None:
+        """The first nonzero exit status of its parts, else 0 (None before it ran)."""
+        codes = [p.returncode for p in self.parts]
+        if any(c is None for c in codes):
+            return None
+        return next((c for c in codes if c), 0)
 
 
 def gpu_kind() -> str:
@@ -108,6 +134,15 @@ def result_folder(results: Path, gpus: int, when: datetime.date) -> Path:
     return results / f"{when.isoformat()}-{gpu_kind()}-torch{version}-ws{gpus}"
 
 
+def free_name(folder: Path) -> Path:
+    """`folder`, or the first of folder-2, folder-3, ... that does not exist."""
+    n, free = 1, folder
+    while free.exists():
+        n += 1
+        free = folder.with_name(f"{folder.name}-{n}")
+    return free
+
+
 def selection(tier: str, w: int, patterns: list[str]) -> tuple[list[Case], list[str]]:
     """The cases of world size `w` in `tier` (narrowed by `patterns`), and the --select patterns that
     choose exactly them for `harness run`: `/ws<w>` for a whole world size, else their ids (run's
@@ -121,55 +156,98 @@ def selection(tier: str, w: int, patterns: list[str]) -> tuple[list[Case], list[
     return cases, [c.id for c in cases]
 
 
-def plan(tier: str, world_sizes: list[int], patterns: list[str], folder: Path) -> list[Launch]:
-    """The launches, world size by world size: the judged backend, then its CPU twin."""
+def plan(tier: str, world_sizes: list[int], patterns: list[str], folder: Path, cpu_jobs: int | None = None
+         ) -> list[Launch]:
+    """The launches, world size by world size: the judged backend (one torchrun, or one cuda process),
+    then its CPU twin split over `cpu_jobs` processes (default: what the cores hold, w + 1 each)."""
     launches = []
     for w in world_sizes:
         cases, chosen = selection(tier, w, patterns)
         if not cases:
             continue
-        select_args = [a for p in chosen for a in ("--select", p)]
         for backend in PAIRS[w > 1]:
             out = folder / "runs" / f"{backend}-ws{w}"
-            harness = ["-m", "harness", "run", "--backend", backend, "--tier", tier, *select_args,
-                       "--out", str(out), "--quiet"]
-            if backend == "nccl":
-                command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", str(w), *harness]
+            log = folder / "logs" / f"{backend}-ws{w}.log"
+            jobs = 1 if backend in ("nccl", "cuda") else (
+                cpu_jobs or max(1, min(MAX_CPU_JOBS, (os.cpu_count() or 1) // (w + 1))))
+            chunks = [chunk for chunk in ([c.id for c in cases[j::jobs]] for j in range(jobs)) if chunk]
+            if len(chunks) <= 1:
+                parts = [Part(_command(backend, tier, chosen, out, w), out, log)]
             else:
-                command = [sys.executable, *harness]
-            launches.append(Launch(w, backend, command, out, folder / "logs" / f"{backend}-ws{w}.log"))
+                parts = [Part(_command(backend, tier, chunk, out.with_name(f"{out.name}-part{j}"), w),
+                              out.with_name(f"{out.name}-part{j}"), log.with_name(f"{backend}-ws{w}-part{j}.log"))
+                         for j, chunk in enumerate(chunks)]
+            launches.append(Launch(w, backend, out, parts, chosen))
     return launches
 
 
+def _command(backend: str, tier: str, patterns: list[str], out: Path, w: int) -> list[str]:
+    harness = ["-m", "harness", "run", "--backend", backend, "--tier", tier,
+               *[a for p in patterns for a in ("--select", p)], "--out", str(out)]
+    if backend == "nccl":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(w), *harness]
+    return [sys.executable, *harness]
+
+
 def execute(launch: Launch, deadline: float) -> None:
-    """Run `launch` in its own process group, its output into its log; stop it at `deadline`
-    (SIGTERM, then SIGKILL after KILL_GRACE)."""
-    launch.log.parent.mkdir(parents=True, exist_ok=True)
+    """Run the parts of `launch` side by side, each in its own process group, its output into its
+    log; stop them at `deadline` (SIGTERM, then SIGKILL after KILL_GRACE)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     start = clock()
     launch.started = True
-    with open(launch.log, "w") as log:
-        log.write("$ " + shlex.join(launch.command) + "\n")
+    running = []
+    for part in launch.parts:
+        part.log.parent.mkdir(parents=True, exist_ok=True)
+        log = open(part.log, "w")
+        log.write("$ " + shlex.join(part.command) + "\n")
         log.flush()
-        proc = subprocess.Popen(launch.command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        running.append((part, log, subprocess.Popen(part.command, cwd=ROOT, env=env, stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True)))
+    for part, log, proc in running:
         try:
-            launch.returncode = proc.wait(timeout=max(0.0, deadline - clock()))
+            part.returncode = proc.wait(timeout=max(0.0, deadline - clock()))
         except subprocess.TimeoutExpired:
             launch.cut = True
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                launch.returncode = proc.wait(timeout=KILL_GRACE)
+                part.returncode = proc.wait(timeout=KILL_GRACE)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                launch.returncode = proc.wait()
+                part.returncode = proc.wait()
+        log.close()
     launch.seconds = clock() - start
 
 
+def merge(launch: Launch) -> None:
+    """Store the records of a split launch's parts as one run in `launch.out`, selected as the whole
+    launch (so that it diffs against the other backend's run); incomplete if any part is."""
+    records, contexts = [], []
+    for part in launch.parts:
+        try:
+            got, ctx = load_run(part.out)
+        except ValueError:
+            continue
+        records += got
+        contexts.append(ctx)
+    if not contexts:
+        return
+    stopped = [f"part {p.out.name}: {c.get('interrupted') or 'not stored'}" for p, c in zip(launch.parts, contexts)
+               if not c.get("complete", True)]
+    stopped += [f"part {p.out.name}: not stored" for p in launch.parts if not (p.out / "run.json").exists()]
+    info = RunInfo(target=str(contexts[0].get("target", "ours")), tier=str(contexts[0].get("tier", "")),
+                   backends=launch.backend, command=" & ".join(shlex.join(p.command) for p in launch.parts),
+                   started=str(contexts[0].get("started", "")), seconds=launch.seconds,
+                   torch_version=torch.__version__, selection=tuple(launch.selection),
+                   interrupted="; ".join(stopped))
+    save_run(records, info, launch.out)
+    (launch.out / "summary.md").write_text(render_markdown(records, info))
+
+
 def collect(launch: Launch) -> list[Record]:
-    """The records the launch stored (none if it stored no run)."""
+    """The records the launch stored, its parts merged first (none if it stored no run)."""
+    if len(launch.parts) > 1:
+        merge(launch)
     try:
         records, _ = load_run(launch.out)
     except ValueError:
@@ -213,7 +291,7 @@ def rates(launches: list[Launch], gpus: int) -> list[dict]:
                          seconds=round(launch.seconds, 1), checks=launch.checks, counts=launch.counts,
                          checks_per_gpu_hour_machine=round(launch.checks / (hours * gpus)) if gpu and hours else None,
                          checks_per_gpu_hour_used=round(launch.checks / (hours * used)) if gpu and hours else None,
-                         command=shlex.join(launch.command)))
+                         command=" & ".join(shlex.join(p.command) for p in launch.parts)))
     return rows
 
 
@@ -264,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tier", default="nightly")
     parser.add_argument("--select", action="append", default=[], help="narrow the cases (substring of the id)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--cpu-jobs", type=int, default=None,
+                        help=f"processes sharing the CPU twin's cases (default: cores // (w + 1), at most {MAX_CPU_JOBS})")
     args = parser.parse_args(argv)
     t0 = clock()
     deadline = t0 + args.budget - RESERVE
@@ -276,9 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         world_sizes = sorted({c.world_size for c in select(args.tier, args.select)
                               if 1 < c.world_size <= max(gpus, 1)})
     folder = result_folder(args.results, gpus, datetime.datetime.now(datetime.timezone.utc).date())
-    if folder.exists():
-        parser.error(f"{folder} exists; move it away (stored results are never overwritten)")
-    launches = plan(args.tier, world_sizes, args.select, folder)
+    folder = free_name(folder)  # stored results are never overwritten: a second run of the day gets -2, -3, ...
+    launches = plan(args.tier, world_sizes, args.select, folder, args.cpu_jobs)
     if not launches:
         parser.error(f"no case of tier {args.tier!r} at world sizes {world_sizes} matches the selection")
     folder.mkdir(parents=True)

@@ -31,7 +31,12 @@ LAYER_KINDS = ("linear", "conv1d", "conv2d", "conv3d")
 MEGABATCH_SIZES = (1, 2, 3, 5)
 DTYPES = ("fp64", "fp32", "bf16")
 ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
-ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd"}
+"""The covering arrays' orthogonalizers."""
+GRAM = "gram_newton_schulz"
+"""Gram Newton-Schulz (Polar Express schedule, Muon's default restarts): its cases come from a generator
+of their own (cases/tiers.py), so that adding it did not reshuffle the covering arrays."""
+EVERY_ORTHOGONALIZER = ORTHOGONALIZERS + (GRAM,)
+ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd", GRAM: "gns"}
 ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")

@@ -7,7 +7,7 @@ case reproduces on its own: `python -m harness run --select <id>`.
   |    |              |   |    |         |  |             |        |     |      |        seed
   |    layer-shape    |   |    param@compute dtype        |        |     steps  gradient kind
   optimizer           |   flatten | noflat  adjust_lr      nesterov|plain
-                      megabatch size   orthogonalizer (ns, pe, svd)   weight decay
+                      megabatch size   orthogonalizer (ns, pe, svd, gns)   weight decay
 
 A distributed case appends its layout and world size (cases/layouts.py):
 
@@ -52,7 +52,7 @@ class Case:
 
     def __post_init__(self) -> None:
         allowed = {"layer": tuple(axes.all_layers()), "param_dtype": axes.DTYPES,
-                   "compute_dtype": axes.DTYPES, "orthogonalizer": axes.ORTHOGONALIZERS,
+                   "compute_dtype": axes.DTYPES, "orthogonalizer": axes.EVERY_ORTHOGONALIZER,
                    "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS, "optimizer": axes.OPTIMIZERS}
         for name, values in allowed.items():
             if getattr(self, name) not in values:

@@ -172,15 +172,38 @@ def _bf16_envelope(layers: Iterable[str]) -> Iterator[Case]:
                    weight_decay=axes.WEIGHT_DECAYS[(i // 2) % 2], steps=steps, grad="gaussian")
 
 
+_GRAM_GRADIENTS = ("rankdef", "lowrank", "gaussian", "tiny", "huge", "zero")
+"""Rank deficiency and a spectrum clustered near zero (lowrank: a few large singular values over a
+small Gaussian floor) first: where Gram Newton-Schulz loses accuracy in half precision."""
+
+
+def _gram_newton_schulz(layers: Iterable[str], dtypes: tuple[tuple[str, str], ...], variants: int
+                        ) -> Iterator[Case]:
+    """Gram Newton-Schulz: `variants` cases per layer (aspect ratios 1 to 16, flattened or as batches of
+    their trailing matrices; square ones take the standard iteration), dtype pairs, gradient kinds,
+    megabatch size, lr mode, Nesterov, decay and steps cycling."""
+    cycle = itertools.count()
+    for layer, _ in itertools.product(layers, range(variants)):
+        i = next(cycle)
+        pd, cd = dtypes[i % len(dtypes)]
+        yield Case(layer=layer, megabatch=axes.MEGABATCH_SIZES[i % len(axes.MEGABATCH_SIZES)],
+                   flatten=len(axes.all_layers()[layer][1]) > 2 and i % 3 != 2, param_dtype=pd, compute_dtype=cd,
+                   orthogonalizer=axes.GRAM, adjust_lr=axes.ADJUST_LR[i % 3], nesterov=i % 2 == 1,
+                   weight_decay=axes.WEIGHT_DECAYS[(i // 2) % 2], steps=axes.STEPS[(i // 3) % 2],
+                   grad=_GRAM_GRADIENTS[i % len(_GRAM_GRADIENTS)])
+
+
 GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
     "ci": [*(functools.partial(cases_of, s) for s in SPACES["ci"].values()),
            lambda: _bf16_envelope(axes.LAYERS),
+           lambda: _gram_newton_schulz(axes.LAYERS, (("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16")), 2),
            lambda: _dion2(_DION2_LAYERS, 2, _DION2_DTYPES, range(1)),
            lambda: _dion2_gradients("conv2d", ("lowrank", "zero", "huge")),
            lambda: _dion2_distributed(("conv2d", "linear_tall"), layouts.CI_WORLD_SIZES, range(1), every_size=False),
            lambda: _dion2_scope_dependence(layouts.CI_WORLD_SIZES)],
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
+                lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
                 lambda: _dion2(tuple(axes.all_layers()), 6, axes.DTYPE_PAIRS, range(2)),
                 lambda: _dion2_gradients("conv2d_big", axes.GRADIENTS[1:]),
                 lambda: _dion2_distributed(("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d",

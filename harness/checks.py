@@ -214,10 +214,27 @@ def fraction1(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
     return dataclasses.replace(out, message=f"vs {other_case.optimizer_token}: {out.message}")
 
 
+SCALE_UNREPRESENTABLE = ("fp16",)
+"""Compute formats whose range cannot hold gradients x SCALE_FACTOR: fp16's largest value is 65504,
+and momentum sums of x 2^10 Gaussian gradients pass it (the rounded reference direction is then
+infinite, so no reference exists for the arithmetic the target declares)."""
+
+
+def unscalable(compute_dtype: str) -> str | None:
+    """Why the scaled run cannot be judged in the declared `compute_dtype`, or None."""
+    if compute_dtype in SCALE_UNREPRESENTABLE:
+        return (f"not judged: gradients x {SCALE_FACTOR:g} overflow the declared {compute_dtype} compute format "
+                f"(largest finite {torch.finfo(torch.float16).max:g})")
+    return None
+
+
 def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """Gradients x 2^10 against the FP64 reference of the scaled run. NS(cG) = NS(G) only up to
     the normaliser's eps, which the reference models exactly; so this judges the invariance (and
     the target's numerical range) without a tolerance for eps."""
+    why = unscalable(target.conventions(case).compute_dtype)
+    if why:
+        return Outcome("scale", NO_METRICS, None, why, skipped=True)
     scaled = inputs.scaled(SCALE_FACTOR)
     out = reference(case, target, scaled, target.run(*_args(scaled), case))
     return dataclasses.replace(out, check="scale", message=f"gradients x {SCALE_FACTOR:g}: {out.message}",

@@ -11,13 +11,16 @@ Rules, first match wins (each names its evidence in the line it writes):
                       something is computed per shard (orthogonalization, padding, ownership)
   non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
   normaliser-eps      scale fails alone (the step changes when gradients are scaled by 2^10), or
-                      reference fails while scale holds (an error that vanishes at scale)
+                      reference fails while scale holds, or both fail and the error shrinks by
+                      more than EPS_SHRINK when the gradients grow 2^10 (an error that vanishes
+                      at scale: the normaliser's eps)
   weight-decay        the decay relation (probe) fails, or the error lies along the parameter
                       (projection): decay missing, coupled, after the update or with the adjusted lr
   lr-scale            the step is the reference's times one constant (>= 1% off) per parameter
-  per-row-state       rescaling each output row by its own factor explains the error (NorMuon's
+  per-row-state       rescaling each output row by its own factor explains the error, or (bf16) the
+                      rows check fails: the rows' norms spread against the reference's (NorMuon's
                       row statistics)
-  momentum            the first step is right and the error grows over the later ones
+  momentum            the first step is within its tolerance and the error grows over the later ones
   orthogonalizer      none of the above: the orthogonalized matrix itself differs (coefficients,
                       normaliser, iteration count), its singular values against f(sigma) say how
 
@@ -33,9 +36,10 @@ import math
 import numpy as np
 
 from cases import Case
-from harness import robust_checks
-from harness.checks import reference_steps
+from harness import robust_checks, tolerance
+from harness.checks import policy, reference_steps
 from harness.inputs import make_inputs
+from harness.metrics import compare_step
 from harness.targets.base import Target
 from reports import Record
 
@@ -46,17 +50,22 @@ SCALE_OFF = 0.01
 """A constant factor farther than this from 1 counts as an lr-scale error."""
 EXPLAINED = 0.25
 """A model of the error 'explains' it when it leaves less than this fraction of the error's norm."""
+EPS_SHRINK = 32.0
+"""An error whose relative size falls by more than this factor when the gradients grow 2^10 comes
+from an additive constant in the normaliser (its eps); scale-invariant defects keep their size."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Structure:
     """Of the target's steps against the reference's, over every member and step.
 
-    errors[k]: relative error of step k (worst member); factor: least-squares c in dX ~ c dref;
+    errors[k]: relative error of step k (worst member); first_ok: every member's first step within
+    its reference tolerance (None where the policy has no entry); factor: least-squares c in dX ~ c dref;
     factor_left: relative error left after that fit; along_param: |<err, x>| / (||err|| ||x||);
     row_left: error left after fitting one factor per output row, relative to the error."""
 
     errors: list[float]
+    first_ok: bool | None
     factor: float
     factor_left: float
     along_param: float
@@ -67,12 +76,21 @@ def structure(case: Case, target: Target) -> Structure:
     """Rerun `case` on `target` and measure the error's structure."""
     inputs = make_inputs(case)
     traj = target.run(inputs.params, inputs.grads, case)
+    try:
+        pol = policy(case, target, inputs)
+    except tolerance.NoEntry:
+        pol = None
+    first_ok = None if pol is None else True
     per_step: dict[int, float] = {}
     num = den = 0.0
     err_sq = left_sq = row_left_sq = 0.0
     along = []
     for where, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
         k = int(where.rsplit(" ", 1)[1]) - 1
+        if k == 0 and pol is not None:
+            tol = pol.at(int(where.split()[1]), 0)
+            first_ok = first_ok and compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol,
+                                                 tol.storage_ulps).ratio <= 1.0
         step, ref = x_new - x_prev, x_ref - x_prev
         err = step - ref
         ref_norm, err_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(err))
@@ -91,7 +109,7 @@ def structure(case: Case, target: Target) -> Structure:
     for _, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
         left_sq += float(np.sum(((x_new - x_prev) - factor * (x_ref - x_prev)) ** 2))
     err_total = math.sqrt(err_sq)
-    return Structure(errors=[per_step[k] for k in sorted(per_step)], factor=factor,
+    return Structure(errors=[per_step[k] for k in sorted(per_step)], first_ok=first_ok, factor=factor,
                      factor_left=math.sqrt(left_sq) / err_total if err_total else 0.0,
                      along_param=float(np.mean(along)) if along else 0.0,
                      row_left=math.sqrt(row_left_sq) / err_total if err_total else 0.0)
@@ -127,14 +145,22 @@ def _from_pattern(checks: dict[str, Record]) -> str | None:
     if _failed(checks, "reference") and _held(checks, "scale"):
         return ("normaliser-eps: the reference fails while the gradients x 2^10 run holds; an error that "
                 "vanishes at scale is the normaliser's eps")
+    if _failed(checks, "reference") and _failed(checks, "scale"):
+        shrink = checks["reference"].rel_err / checks["scale"].rel_err if checks["scale"].rel_err > 0 else math.inf
+        if shrink > EPS_SHRINK:
+            return (f"normaliser-eps: the error shrinks {shrink:.3g}x when the gradients grow 2^10; an error "
+                    f"that vanishes at scale is the normaliser's eps")
     return None
 
 
 def _from_robust(checks: dict[str, Record]) -> str | None:
     """A diagnosis from the bf16-robust checks (their messages start with the worst statistic), or None."""
     spectrum, norm, probe = checks.get("spectrum"), checks.get("norm"), checks.get("probe")
+    rows = checks.get("rows")
     if probe is not None and probe.failing:
         return f"weight-decay: the decay relation fails ({probe.message})"
+    if rows is not None and rows.failing:
+        return f"per-row-state: the update's rows are rescaled against the reference's, row by row ({rows.message})"
     if spectrum is not None and spectrum.failing:
         return (f"orthogonalizer: the singular values of the orthogonalized part differ from the oracle's "
                 f"f(sigma) ({spectrum.message})")
@@ -167,8 +193,8 @@ def _from_structure(case: Case, s: Structure) -> str:
     if s.row_left < EXPLAINED:
         return (f"per-row-state: one factor per output row explains {1 - s.row_left:.0%} of the error "
                 f"(row statistics or row normalisation)")
-    if len(s.errors) > 1 and s.errors[0] < 0.25 * max(s.errors[1:]):
-        return f"momentum: step 1 is right, the error grows over the steps ({errors})"
+    if len(s.errors) > 1 and s.first_ok is not False and s.errors[0] < 0.25 * max(s.errors[1:]):
+        return f"momentum: step 1 is within its tolerance, the error grows over the steps ({errors})"
     return f"orthogonalizer: the orthogonalized update itself differs (errors per step {errors})"
 
 

@@ -16,6 +16,10 @@ except `probe`, an exact relation:
   spectrum  Muon only: log singular values of the target's orthogonalized part against the
             oracle's f(sigma) (err = dX, O recovered from the step through the declared
             conventions): their mean and their spread (a coefficient off in its 4th digit)
+  rows      NorMuon only: the spread (std) of log(row norm of the target's O / the reference's),
+            each matrix's mean log ratio removed: a row's norm averages its bf16 rounding over
+            the row, while row statistics gone wrong (variance without its EMA, per-row state
+            mixed up) rescale rows systematically
   probe     a relation in which bf16 rounding cancels: the case run with weight decay
             PROBE_WEIGHT_DECAY and without. Decay never enters the orthogonalized direction,
             so each decayed step is the declared decay of its previous parameter plus the
@@ -54,7 +58,14 @@ PROBE_WEIGHT_DECAY = 10.0
 """lr x wd = 0.2: decay after the update changes a step by a fifth of its update."""
 PROBE_ULPS = 2.0
 """The decayed step rounds twice (decay, update), each undecayed parameter once: 2 ulps bound them."""
-STATISTICS = ("norm", "decay", "sv_mean", "sv_spread")
+STATISTICS = ("norm", "decay", "sv_mean", "sv_spread", "row_spread")
+ALGORITHM_CHECKS = {"muon": {"spectrum": ("sv_mean", "sv_spread")}, "normuon": {"rows": ("row_spread",)}}
+"""The robust checks beyond norm and probe, per algorithm, with the statistics each judges."""
+
+
+def extra_statistics(optimizer: str) -> set[str]:
+    """The statistics beyond norm and decay that `optimizer`'s robust checks judge."""
+    return {s for stats in ALGORITHM_CHECKS.get(optimizer, {}).values() for s in stats}
 GRADIENTS = ("gaussian", "lowrank", "tiny", "huge")
 """Gradient kinds judged: not the rank-deficient ones (rankdef, zero), whose bf16 reference is ill-posed."""
 SV_FLOOR = 1e-3
@@ -64,7 +75,7 @@ rank-deficiency noise and are left out of `spectrum`."""
 
 def applies(case: Case, compute_dtype: str) -> bool:
     """Whether the robust checks judge `case` run in `compute_dtype`: bf16 involved, a judged gradient
-    kind, one process, and a layer and algorithm whose noise was measured (Dion2's is not yet)."""
+    kind, one process, and a layer and algorithm whose noise was measured."""
     return ("bf16" in (case.param_dtype, compute_dtype) and case.grad in GRADIENTS and case.layout == "single"
             and case.layer in _noise_data()["layers"] and case.optimizer in _measured_algorithms())
 
@@ -89,9 +100,10 @@ def _orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Co
 
 def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory,
                spectrum: bool = True) -> dict[str, float]:
-    """norm, decay (and, with `spectrum`, sv_mean, sv_spread for Muon) over every step and member of one run."""
+    """norm, decay (and, with `spectrum`, sv_mean, sv_spread for Muon, row_spread for NorMuon) over
+    every step and member of one run."""
     conv = target.conventions(case)
-    norm, decay, logs = [], [], []
+    norm, decay, logs, rows = [], [], [], []
     for _, x_prev, x_new, x_ref in base.reference_steps(case, target, inputs.params, inputs.grads, traj):
         step, ref = x_new - x_prev, x_ref - x_prev
         ref_sq = float(np.vdot(ref, ref))
@@ -102,16 +114,27 @@ def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
         norm.append(float(np.vdot(err, ref)) / ref_sq)
         x_norm = float(np.linalg.norm(x_prev))
         decay.append(float(np.vdot(err, x_prev)) / (x_norm * math.sqrt(ref_sq)) if x_norm else 0.0)
-        if spectrum and case.optimizer == "muon":
+        if spectrum and "sv_mean" in extra_statistics(case.optimizer):
             judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
             wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
             for a, b in zip(judged, wanted):
                 sa, sb = singular_values(a), singular_values(b)
                 keep = sb > SV_FLOOR * sb[0]
                 logs.extend(np.log(np.maximum(sa[keep], 1e-300) / sb[keep]).tolist())
+        if spectrum and "row_spread" in extra_statistics(case.optimizer):
+            judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
+            wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
+            for a, b in zip(judged, wanted):
+                ra, rb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+                keep = rb > SV_FLOOR * rb.max() if rb.size and rb.max() > 0 else rb > 0
+                if keep.sum() > 1:
+                    ratio = np.log(np.maximum(ra[keep], 1e-300) / rb[keep])
+                    rows.extend((ratio - ratio.mean()).tolist())
     out = {"norm": float(np.mean(norm)), "decay": float(np.mean(decay)) if decay else 0.0}
     if logs:
         out["sv_mean"], out["sv_spread"] = float(np.mean(logs)), float(np.std(logs))
+    if rows:
+        out["row_spread"] = float(np.sqrt(np.mean(np.square(rows))))
     return out
 
 
@@ -172,6 +195,10 @@ def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float]) -
     measured = _noise().get(key)
     if measured is None:
         return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
+    unmeasured = sorted(set(values) - set(measured))
+    if unmeasured:
+        return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise of {unmeasured} for {key}: "
+                                                         f"not judged", skipped=True)
     ratios = {}
     for stat, value in values.items():
         tol = NOISE_MARGIN * measured[stat]
@@ -197,7 +224,7 @@ def robust_applicable(case: Case, compute_dtype: str) -> list[str]:
     """Names of the robust checks for `case`, in the order they run."""
     if not applies(case, compute_dtype):
         return []
-    return ["norm", "spectrum", "probe"] if case.optimizer == "muon" else ["norm", "probe"]
+    return ["norm", *ALGORITHM_CHECKS.get(case.optimizer, {}), "probe"]
 
 
 def norm_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
@@ -211,7 +238,15 @@ def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajec
                  {k: got[k] for k in ("sv_mean", "sv_spread")})
 
 
-CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "probe": probe_check}
+def rows_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+    got = statistics(case, target, inputs, traj)
+    if "row_spread" not in got:
+        return base.Outcome("rows", base.NO_METRICS, None, "fewer than two nonzero rows per matrix: no row "
+                                                           "profile to judge", skipped=True)
+    return judge("rows", case, target.conventions(case).compute_dtype, {"row_spread": got["row_spread"]})
+
+
+CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "rows": rows_check, "probe": probe_check}
 
 # Last: harness.checks registers CHECKS above, and these checks use its helpers at call time, so
 # either module may be imported first.

@@ -9,25 +9,25 @@ from cases import Case, tier
 
 
 def select(tier_name: str, patterns: list[str]) -> list[Case]:
-    """Cases of `tier_name` whose id contains any of `patterns` (all if none).
+    """Cases of `tier_name` matching any of `patterns` (all if none), in tier order.
 
-    A pattern that is a complete case id selects that case even outside the tier,
-    so every id in any report reproduces on its own.
+    A pattern that is a complete case id selects exactly that case, even outside the tier, so
+    every id in any report reproduces on its own (and "dion2-..." does not also select the
+    "nordion2-..." case it is a substring of); any other pattern selects the ids containing it.
     """
     cases = tier(tier_name)
     if not patterns:
         return cases
-    chosen = [c for c in cases if any(p in c.id for p in patterns)]
-    known = {c.id for c in chosen}
+    exact: dict[str, Case] = {}
+    pieces = []
     for p in patterns:
         try:
-            case = Case.from_id(p)
+            exact[Case.from_id(p).id] = Case.from_id(p)
         except ValueError:
-            continue
-        if case.id not in known:
-            chosen.append(case)
-            known.add(case.id)
-    return chosen
+            pieces.append(p)
+    chosen = [c for c in cases if c.id in exact or any(p in c.id for p in pieces)]
+    known = {c.id for c in chosen}
+    return chosen + [c for i, c in exact.items() if i not in known]
 
 
 def nearest(pattern: str, ids: Iterable[str], n: int = 3) -> list[str]:

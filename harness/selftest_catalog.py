@@ -18,12 +18,14 @@ from typing import Any, Callable
 import torch
 
 from cases import Case
+from cases.axes import SELECTING
 from cases.layouts import piece_sizes, shard_dim
-from harness.targets import controls, distributed_controls
+from harness.targets import controls, dion2_controls, distributed_controls
 from harness.targets.base import Target
 from harness.targets.controls import Control
 from optimizers import Algorithm
 from optimizers.algorithms.base import Group, State
+from optimizers.algorithms.dion2 import reduced_dims
 from optimizers.algorithms.muon import matrix_lr_scale, orthogonalize_group
 from optimizers.algorithms.normuon import normalise_rows
 from optimizers.coefficients import DEFAULT_STEPS, normaliser_scale, schedule
@@ -40,6 +42,9 @@ class Defect:
     source: str
     distributed: bool = False
     """Judged on the tier's distributed cases (else on its single-process ones)."""
+    ambiguous: Callable[[Case], str | None] = lambda case: None
+    """Why no diagnosis can single the defect out on `case` (None where one must): the stated reason
+    the selftest reports instead of a right diagnosis."""
 
 
 def _stage(name: str, stage: str, broken: Any, only: str | None = None) -> Callable[[], Control]:
@@ -258,6 +263,21 @@ def _decayed(case: Case) -> bool:
     return case.weight_decay > 0
 
 
+def _selecting(case: Case) -> bool:
+    """Dion2 / NorDion2 selecting a proper subset of slices (fraction 1 selects every slice)."""
+    return case.optimizer in SELECTING and case.fraction is not None and case.fraction < 1.0
+
+
+def _splits_slices(case: Case) -> bool:
+    """A sharded layout that splits Dion2's slices among the ranks (the scopes differ only there:
+    the shard dim indexes the slices rather than being summed over)."""
+    dim = shard_dim(case.layout)
+    if dim is None or not _split(case):
+        return False
+    rows = case.optimizer == "nordion2" or matrix_dims(case.shape, case.flatten)[0] <= matrix_dims(case.shape, case.flatten)[1]
+    return dim not in reduced_dims(len(case.shape), case.flatten, rows)
+
+
 def _non_square(case: Case) -> bool:
     fan_out, fan_in = matrix_dims(case.shape, case.flatten)
     return fan_out != fan_in
@@ -273,7 +293,10 @@ CATALOG: tuple[Defect, ...] = (
            "decay with the adjusted lr (dtensor-muon's convention) under a declared base-lr convention"),
     Defect("momentum-bf16", _stage("momentum-bf16", "direction", _momentum_bf16), "momentum",
            lambda c: c.param_dtype != "bf16",
-           "NorDion2 review (microsoft/dion#82): state EMAs kept in bf16; torch's bf16 buffer aliasing"),
+           "NorDion2 review (microsoft/dion#82): state EMAs kept in bf16; torch's bf16 buffer aliasing",
+           ambiguous=lambda c: ("the buffer's bf16 rounding changes the update by a bf16 rounding of U, "
+                                "as an orthogonalizer that reads U in bf16 would: the steps' error has "
+                                "no structure that tells the two apart")),
     Defect("momentum-ema-sum-nesterov", _stage("momentum-ema-sum-nesterov", "direction", _ema_sum_nesterov),
            "momentum", lambda c: c.nesterov and c.steps > 1,
            "EMA momentum with a sum-form Nesterov (heavyball's default form under a sum declaration)"),
@@ -346,6 +369,20 @@ CATALOG: tuple[Defect, ...] = (
     Defect("no-gather", distributed_controls.no_gather, "replicas", lambda c: c.layout == "replicated" and c.grad != "zero",
            "replicas skip the all-gather and drift apart", distributed=True),
 
+    Defect("dion2-kernel-selection", dion2_controls.kernel_selection, "flattened-geometry",
+           lambda c: _selecting(c) and c.flatten and len(c.shape) > 2,
+           "microsoft/dion: Dion2 selected over the kernel rows of an unflattened conv (before it rejected "
+           "flatten=True)"),
+    Defect("dion2-ef-unselected", dion2_controls.ef_unselected, "momentum",
+           lambda c: _selecting(c) and c.steps > 1,
+           "error feedback decays the unselected slices instead of the selected (mask inverted)"),
+    Defect("dion2-submatrix-lr", dion2_controls.submatrix_lr, "lr-scale",
+           lambda c: _selecting(c) and c.adjust_lr != "none",
+           "adjust_lr computed on the selected submatrix [k, n] instead of the full matrix view"),
+    Defect("dion2-local-as-global", dion2_controls.local_as_global, "shard-local",
+           lambda c: _selecting(c) and c.scope == "global" and _splits_slices(c) and c.grad != "zero",
+           "microsoft/dion: top-k over the local shard's slices where the global top-k is declared",
+           distributed=True),
 )
 """The defects, by name."""
 

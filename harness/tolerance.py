@@ -89,11 +89,12 @@ def unit_roundoff(fmt: str) -> float:
 
 
 def schedule_class(spec: Orthogonalizer) -> str:
-    """"svd", "poly-steep" or "poly-mild" for a declared orthogonalizer, from its own coefficients."""
+    """"svd", "poly-steep" or "poly-mild" for a declared orthogonalizer, from its own coefficients;
+    "gram-" before a polynomial evaluated by the Gram iteration (its rounding is amplified more)."""
     if spec.kind == "svd":
         return "svd"
     peak = max((abs(c) for step in spec.schedule for c in step), default=0.0)
-    return "poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild"
+    return ("gram-" if spec.iteration == "gram" else "") + ("poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild")
 
 
 def conditioning_class(case: Case, sensitivities: Sequence[Sequence[Sensitivity]]) -> str:

@@ -25,6 +25,8 @@ from typing import Sequence
 
 import torch
 
+from optimizers.symmetric import symmetric_baddbmm, symmetric_bmm
+
 Coefficients = tuple[float, float, float]
 
 RESTARTS: tuple[int, ...] = (2,)
@@ -60,30 +62,34 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
 
 
 def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients]) -> torch.Tensor:
-    """The standard iteration X <- aX + (bA + cA²)X, A = X Xᵀ, on wide matrices x [B, m, n]."""
+    """The standard iteration X <- aX + (bA + cA²)X, A = X Xᵀ, on wide matrices x [B, m, n]
+    (A and bA + cA² by their lower block triangles, optimizers/symmetric.py)."""
     for a, b, c in coefficients:
-        gram = x @ x.mT
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        gram = symmetric_bmm(x, x.mT)
+        poly = symmetric_baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, poly, x, beta=a)
     return x
 
 
 def gram_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], restarts: Sequence[int]) -> torch.Tensor:
-    """The Gram iteration on wide matrices x [B, m, n] (m < n), restarting before each step in `restarts`."""
+    """The Gram iteration on wide matrices x [B, m, n] (m < n), restarting before each step in `restarts`.
+
+    R, Z, Q and the products updating them are polynomials in one symmetric matrix (they commute), so
+    each is symmetric and formed by its lower block triangle (optimizers/symmetric.py)."""
     eye = torch.eye(x.size(-2), dtype=x.dtype, device=x.device).expand(x.size(0), -1, -1)
-    r = x @ x.mT
+    r = symmetric_bmm(x, x.mT)
     q: torch.Tensor | None = None
     last = len(coefficients) - 1
     for i, (a, b, c) in enumerate(coefficients):
         if i in restarts and q is not None:
             x = q @ x
-            r = x @ x.mT
+            r = symmetric_bmm(x, x.mT)
             q = None
-        z = torch.baddbmm(r, r, r, beta=b, alpha=c)
-        q = z + a * eye if q is None else torch.baddbmm(q, q, z, beta=a)
+        z = symmetric_baddbmm(r, r, r, beta=b, alpha=c)
+        q = z + a * eye if q is None else symmetric_baddbmm(q, q, z, beta=a)
         if i < last and i + 1 not in restarts:
-            rz = torch.baddbmm(r, z, r, beta=a)
-            r = torch.baddbmm(rz, z, rz, beta=a)
+            rz = symmetric_baddbmm(r, z, r, beta=a)
+            r = symmetric_baddbmm(rz, z, rz, beta=a)
     return x if q is None else q @ x
 
 
@@ -106,7 +112,7 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
         out = standard_steps(wide, coefficients)
     else:
         out = gram_steps(wide, coefficients, restarts)
-        norms = torch.linalg.matrix_norm(out.float(), ord="fro")
+        norms = torch.linalg.vector_norm(out, dim=(-2, -1), dtype=torch.promote_types(out.dtype, torch.float32))
         bad = ~torch.isfinite(norms) | (norms > DIVERGED * m**0.5)
         if stats is not None:
             stats.gram += out.size(0)

@@ -2,7 +2,8 @@
 
 Polynomial methods run X <- aX + (bA + cA^2) X with A = X X^T on the wide
 orientation (tall inputs are transposed, which leaves the odd polynomial's result
-unchanged and costs fewer flops). "gram_newton_schulz" runs the same polynomials on
+unchanged and costs fewer flops); the symmetric A and bA + cA^2 of large matrices are
+formed by their lower block triangles (optimizers/symmetric.py). "gram_newton_schulz" runs the same polynomials on
 the Gram matrix (optimizers/gram_newton_schulz.py) with a coefficient schedule of its
 choice ("polar_express" by default, or "newton_schulz"). "svd" returns the polar factor
 U V^T over the singular values above max(m, n) * eps * s_max.
@@ -28,11 +29,7 @@ def polynomial(x: torch.Tensor, name: str, steps: int, eps: float) -> torch.Tens
     if tall:
         x = x.mT
     norm = torch.linalg.matrix_norm(x, ord="fro", keepdim=True)
-    x = x / (norm * normaliser_scale(name) + eps)
-    for a, b, c in schedule(name, steps):
-        gram = x @ x.mT
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, poly, x, beta=a)
+    x = gram.standard_steps(x / (norm * normaliser_scale(name) + eps), schedule(name, steps))
     return x.mT if tall else x
 
 

@@ -15,7 +15,7 @@ from oracles.coefficients import Coefficients, newton_schulz_schedule, polar_exp
 from oracles.rounding import FORMATS, machine_epsilon
 from oracles.spectral import Normaliser
 
-ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
+ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd", "gram_newton_schulz")
 LR_SCALES = ("spectral_norm", "spectral_norm_clamped", "rms_norm", "none")
 LR_DIMS = ("flattened", "last_two", "first_two")
 MOMENTA = ("sum", "ema", "ema_debiased")
@@ -31,23 +31,29 @@ class Orthogonalizer:
 
     kind "polynomial": the iteration `schedule` from U / normaliser(U);
     kind "svd": the polar factor U V^T over singular values > rcond_factor*max(m,n)*s_max.
+    iteration: how a polynomial is evaluated, "standard" (on X) or "gram" (on X Xᵀ, restarted): the same
+    map in exact arithmetic, a different rounding (the tolerance policy keys it apart).
     """
 
     kind: str
     schedule: tuple[Coefficients, ...] = ()
     normaliser: Normaliser = field(default_factory=Normaliser)
     rcond_factor: float = 0.0
+    iteration: str = "standard"
 
     @classmethod
     def named(cls, name: str, *, steps: int | None = None, eps: float = 1e-7,
               normaliser_form: str = "plus", compute_dtype: str = "fp32") -> "Orthogonalizer":
-        """The orthogonalizer a Muon option name stands for (5 steps by default)."""
+        """The orthogonalizer a Muon option name stands for (5 steps by default). "gram_newton_schulz"
+        (Muon's default schedule, Polar Express) iterates on X Xᵀ but equals the standard iteration in
+        exact arithmetic: its reference is the spectral map of the same schedule."""
         steps = 5 if steps is None else steps
         if name == "newton_schulz":
             return cls("polynomial", tuple(newton_schulz_schedule(steps)), Normaliser(eps, 1.0, normaliser_form))
-        if name == "polar_express":
+        if name in ("polar_express", "gram_newton_schulz"):
             return cls("polynomial", tuple(polar_express_schedule(steps)),
-                       Normaliser(eps, POLAR_EXPRESS_SAFETY, normaliser_form))
+                       Normaliser(eps, POLAR_EXPRESS_SAFETY, normaliser_form),
+                       iteration="gram" if name == "gram_newton_schulz" else "standard")
         if name == "svd":
             # SVD runs in at least fp32; its rank cut-off follows the LAPACK/numpy habit.
             fmt = "fp64" if compute_dtype == "fp64" else "fp32"

@@ -35,8 +35,9 @@ ACROSS_BACKENDS = (
     "size in head. Compared: each run's verdict and error ratio against the same FP64 reference; tolerance: "
     "each record's own (its device class's measured policy, so a cpu/gloo record and a cuda/nccl one may "
     "differ: listed under tolerance changed). A difference beyond tolerance is a check that passes on one "
-    "backend and fails or errors on the other (new failures, fixed, status changed) or whose ratio grew more "
-    "than {growth:g}x (error grew); why is the failing record's message. Two passing records' updates are "
+    "backend and fails or errors on the other (new failures, the only regressions here; fixed); a status "
+    "that changed otherwise or a ratio that grew more than {growth:g}x is listed, not charged (a relation exact "
+    "on one backend may be inexact or ill-posed with the other's kernels); why is the failing record's message. Two passing records' updates are "
     "within rel_err(base) + rel_err(head) of each other, relative to the reference update."
 )
 """The paragraph both renderings put first in a diff across backends."""
@@ -151,7 +152,7 @@ def _count_table(diff: Diff) -> str:
     )
 
 
-def _row_values(name: str, pair: Pair) -> dict[str, object]:
+def _row_values(name: str, pair: Pair, across: bool = False) -> dict[str, object]:
     """Raw values of one table row; `regression` is a filter-only attribute."""
     base, head = pair
     some = head if head is not None else base
@@ -169,7 +170,7 @@ def _row_values(name: str, pair: Pair) -> dict[str, object]:
         "base_tolerance": base.tolerance if base else math.nan,
         "head_tolerance": head.tolerance if head else math.nan,
         "note": _note(pair),
-        "regression": "yes" if is_regression(name, pair) else "no",
+        "regression": "yes" if is_regression(name, pair, across) else "no",
     }
 
 
@@ -186,7 +187,7 @@ def _filters(diff: Diff) -> str:
     values: dict[str, set[str]] = {column: set() for column in FILTER_COLUMNS}
     for name, pairs in diff.categories().items():
         for pair in pairs:
-            row = _row_values(name, pair)
+            row = _row_values(name, pair, diff.across_backends)
             for column in FILTER_COLUMNS:
                 values[column].add(str(row[column]))
     controls = ['<label>text <input id="filter-text" type="search" placeholder="filter rows"></label>']
@@ -208,15 +209,15 @@ def _section(diff: Diff, name: str, pairs: list[Pair]) -> str:
         f'<th data-key="{c}" data-kind="{"num" if c in NUMERIC_COLUMNS else "text"}">{label(c)}</th>'
         for c in ROW_COLUMNS
     )
-    rows = "\n".join(_row(name, pair) for pair in pairs)
+    rows = "\n".join(_row(name, pair, diff.across_backends) for pair in pairs)
     return (
         f'{heading}<table id="table-{name}" class="sortable filterable"><thead><tr>{head}</tr></thead>'
         f"<tbody>\n{rows}\n</tbody></table></section>"
     )
 
 
-def _row(name: str, pair: Pair) -> str:
-    values = _row_values(name, pair)
+def _row(name: str, pair: Pair, across: bool = False) -> str:
+    values = _row_values(name, pair, across)
     attrs = "".join(f' data-{c}="{escape(data_value(v))}"' for c, v in values.items())
     regression = ' class="regression"' if values["regression"] == "yes" else ""
     return f"<tr{regression}{attrs}>{''.join(_cell(c, values[c]) for c in ROW_COLUMNS)}</tr>"
@@ -258,7 +259,7 @@ def _md_section(diff: Diff, name: str, pairs: list[Pair], max_rows: int, artifac
         + (" base tolerance | head tolerance | why |" if across else ""),
         "|---|---|---|---|---|---:|---:|---:|" + ("---:|---:|---|" if across else ""),
     ]
-    lines += [_md_row(_row_values(name, pair), across) for pair in pairs[:max_rows]]
+    lines += [_md_row(_row_values(name, pair, across), across) for pair in pairs[:max_rows]]
     if len(pairs) > max_rows:
         lines += ["", f"+{len(pairs) - max_rows} more in {code_span(artifact)}."]
     return "\n".join(lines)

@@ -89,3 +89,14 @@ def test_cli_diff_of_one_backend_keeps_pairing_by_record(tmp_path, capsys):
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "paired across" not in line and "1 new_failures" in line
     assert "Paired across backends" not in (tmp_path / "d" / "diff.md").read_text()
+
+
+def test_across_backends_only_a_new_failure_is_a_regression():
+    """A relation bitwise on gloo (ratio 0) is within tolerance but not bitwise with cuda's kernels, or
+    ill-posed there (skipped): listed, not charged. The same changes within one backend regress."""
+    nccl = {**GLOO, (OTHER, "layout"): ("pass", 0.3), (OTHER, "replicas"): ("skipped", float("nan"))}
+    across = diff_runs(run_of("gloo", GLOO), run_of("nccl", nccl), across_backends=True)
+    assert [h.check for _, h in across.error_grew] == ["layout"] and len(across.status_changed) == 1
+    assert not across.regressed
+    same = diff_runs(run_of("nccl", GLOO), run_of("nccl", nccl))
+    assert same.regressed and {n for n, _ in same.regressions()} == {"error_grew", "status_changed"}

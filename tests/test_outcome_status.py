@@ -33,16 +33,28 @@ def test_layout_keeps_a_skipped_relation_skipped():
     assert "ill-posed" in out.message and out.message.startswith("replicated on 2 ranks vs one process")
 
 
-class _DeclaresSvdInFp16(OursMuon):
-    """Ours declaring an arithmetic the policy has no measurement for (SVD in fp16)."""
+class _DeclaresSvdInBf16(OursMuon):
+    """Ours declaring an arithmetic the policy has no measurement for (an fp64 SVD in bf16)."""
 
     def conventions(self, case: Case) -> Conventions:
-        return dataclasses.replace(super().conventions(case), compute_dtype="fp16")
+        return dataclasses.replace(super().conventions(case), compute_dtype="bf16")
 
 
 def test_scale_keeps_an_unsupported_reference_unsupported():
     case = Case.from_id("muon/linear-12x20/mb1/noflat/fp64@fp64/svd/none/plain/wd0/steps1/gaussian/seed0")
-    target, inputs = _DeclaresSvdInFp16(), make_inputs(case)
+    target, inputs = _DeclaresSvdInBf16(), make_inputs(case)
     out = checks.scale(case, target, inputs, target.run(inputs.params, inputs.grads, case))
     assert (out.check, out.status) == ("scale", "unsupported"), (out.status, out.message)
     assert out.message.startswith("gradients x 1024: the tolerance policy has no entry")
+
+
+class _DeclaresFp16(OursMuon):
+    def conventions(self, case: Case) -> Conventions:
+        return dataclasses.replace(super().conventions(case), compute_dtype="fp16")
+
+
+def test_scale_is_not_judged_where_the_declared_format_cannot_hold_the_scaled_run():
+    case = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@bf16/pe/none/nesterov/wd0.1/steps3/gaussian/seed0")
+    target, inputs = _DeclaresFp16(), make_inputs(case)
+    out = checks.scale(case, target, inputs, target.run(inputs.params, inputs.grads, case))
+    assert (out.check, out.status) == ("scale", "skipped") and "overflow the declared fp16" in out.message

@@ -45,7 +45,7 @@ def test_every_ci_case_they_judge_has_measured_noise():
     missing = {robust_checks.noise_key(c, c.compute_dtype) for c in judged} - set(noise)
     assert not missing
     for key, stats in noise.items():
-        wanted = set(robust_checks.STATISTICS) - (set() if key.startswith("muon/") else {"sv_mean", "sv_spread"})
+        wanted = {"norm", "decay", *robust_checks.extra_statistics(key.split("/", 1)[0])}
         assert set(stats) == wanted and all(v > 0 for v in stats.values()), key
 
 
@@ -66,6 +66,13 @@ def test_unmeasured_noise_key_is_skipped_never_passed(monkeypatch):
 
 def test_they_apply_only_with_bf16_single_process_and_full_rank_gradients():
     assert robust_checks.robust_applicable(BF16, "bf16") == ["norm", "spectrum", "probe"]
-    assert robust_checks.robust_applicable(dataclasses.replace(BF16, optimizer="normuon"), "bf16") == ["norm", "probe"]
+    assert robust_checks.robust_applicable(dataclasses.replace(BF16, optimizer="normuon"), "bf16") == ["norm", "rows", "probe"]
     assert robust_checks.robust_applicable(dataclasses.replace(BF16, compute_dtype="fp32"), "fp32") == []
     assert robust_checks.robust_applicable(dataclasses.replace(BF16, grad="rankdef"), "bf16") == []
+
+
+def test_rows_sees_a_normuon_variance_without_its_ema_that_the_reference_misses():
+    case = Case.from_id("normuon/conv2d-8x4x3x3/mb3/noflat/bf16@bf16/ns/none/plain/wd0/steps3/huge/seed0")
+    assert statuses("ours", case)["rows"] == "pass"
+    defect = statuses(spec(BY_NAME["normuon-variance-no-ema"]), case)
+    assert defect["reference"] == "pass" and defect["rows"] == "fail", defect

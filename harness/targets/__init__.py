@@ -27,6 +27,8 @@ ALIASES: dict[str, str] = {
     "heavyball": "harness.targets.peers.heavyball:target",
     "dtensor-muon": "harness.targets.peers.dtensor_muon:target",
     "gram-newton-schulz": "harness.targets.peers.gram_newton_schulz:target",
+    "emerging-muon": "harness.targets.peers.emerging_optimizers:target",
+    "emerging-muon-shape-scaling": "harness.targets.peers.emerging_optimizers:shape_scaling",
     "control-dion2-kernel-selection": "harness.targets.dion2_controls:kernel_selection",
     "control-dion2-ef-unselected": "harness.targets.dion2_controls:ef_unselected",
     "control-dion2-submatrix-lr": "harness.targets.dion2_controls:submatrix_lr",

@@ -49,8 +49,8 @@ class DionTarget(PeerTarget):
     def peer_unsupported(self, case: Case) -> str | None:
         if case.optimizer not in PEER_CLASSES:
             return f"dion has no adapter for {case.optimizer}"
-        if case.orthogonalizer == "svd":
-            return "dion orthogonalizes by Polar Express or Newton-Schulz only (case: svd)"
+        if case.orthogonalizer not in ("polar_express", "newton_schulz"):
+            return f"dion orthogonalizes by Polar Express or Newton-Schulz only (case: {case.orthogonalizer})"
         if case.compute_dtype != "bf16":
             return f"dion always orthogonalizes in bf16 (case: {case.compute_dtype})"
         return None

@@ -43,8 +43,8 @@ class DtensorMuon(PeerTarget):
     def peer_unsupported(self, case: Case) -> str | None:
         if case.optimizer != "muon":
             return f"dtensor-muon implements Muon only (case: {case.optimizer})"
-        if case.orthogonalizer == "svd":
-            return "dtensor-muon orthogonalizes by Polar Express or Newton-Schulz only (case: svd)"
+        if case.orthogonalizer not in ("polar_express", "newton_schulz"):
+            return f"dtensor-muon orthogonalizes by Polar Express or Newton-Schulz only (case: {case.orthogonalizer})"
         if case.compute_dtype != "bf16":
             return f"dtensor-muon always orthogonalizes in bf16 (case: {case.compute_dtype})"
         if case.adjust_lr != "spectral_norm":

@@ -1,0 +1,62 @@
+"""Products known to be symmetric, computed by their lower block triangle.
+
+The Newton–Schulz family forms symmetric m x m products: A = X Xᵀ, bA + cA², and in the Gram
+iteration every product of R with a polynomial in R (they commute). Splitting the rows into k
+blocks and computing, for row block i, only the columns of blocks 0..i costs (k + 1) / (2k) of
+the full product (5/8 for k = 4); the blocks above the diagonal are then copied from the
+transposed blocks below it (m² copies against 2 m² n multiply-adds). Each computed entry is the
+same dot product as in the full product, so the lower triangle matches it; the upper triangle is
+the exact mirror, where a full product is symmetric only up to rounding.
+
+Stacks with fewer than `2 * BLOCK` rows take one plain product: below that a row block is too
+small to keep a GPU's tensor cores busy. Pure torch, every device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 1024
+"""Rows per block (at least): m >= 2 * BLOCK is split into m // BLOCK blocks, at most `MAX_BLOCKS`."""
+
+MAX_BLOCKS = 4
+"""Block count cap: 4 blocks compute 5/8 of the product; more blocks save less per extra launch."""
+
+
+def blocks(m: int, block: int | None = None) -> int:
+    """How many row blocks an m x m symmetric product is split into (1: one plain product);
+    `block` defaults to `BLOCK`, read at the call (so a benchmark can switch the split off)."""
+    block = BLOCK if block is None else block
+    return min(MAX_BLOCKS, m // block) if m >= 2 * block else 1
+
+
+def symmetric_bmm(a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """a @ b for stacks a [B, m, k], b [B, k, m] whose product is symmetric, by its lower block triangle."""
+    return _lower_blocks(None, a, b, 0.0, 1.0, block)
+
+
+def symmetric_baddbmm(input: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1.0,
+                      alpha: float = 1.0, block: int | None = None) -> torch.Tensor:
+    """torch.baddbmm(input, a, b, beta=beta, alpha=alpha) for a symmetric `input` [B, m, m] and a
+    symmetric product a @ b, by its lower block triangle."""
+    return _lower_blocks(input, a, b, beta, alpha, block)
+
+
+def _lower_blocks(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
+                  block: int | None) -> torch.Tensor:
+    """beta * input + alpha * (a @ b) (input None: alpha * (a @ b)) by row blocks, mirrored."""
+    m = a.size(-2)
+    k = blocks(m, block)
+    if k == 1:
+        return torch.bmm(a, b) if input is None else torch.baddbmm(input, a, b, beta=beta, alpha=alpha)
+    edges = [i * m // k for i in range(k + 1)]
+    out = torch.empty(a.shape[:-1] + (m,), dtype=a.dtype, device=a.device)
+    for lo, hi in zip(edges, edges[1:]):
+        rows, cols = a[:, lo:hi], b[:, :, :hi]
+        if input is None:
+            out[:, lo:hi, :hi] = torch.bmm(rows, cols)
+        else:
+            out[:, lo:hi, :hi] = torch.baddbmm(input[:, lo:hi, :hi], rows, cols, beta=beta, alpha=alpha)
+    for lo, hi in zip(edges, edges[1:-1]):
+        out[:, lo:hi, hi:] = out[:, hi:, lo:hi].mT
+    return out
