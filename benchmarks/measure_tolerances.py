@@ -131,6 +131,18 @@ TOTALS = ("cases", "runs", "ill_posed_not_counted", "seconds")
 """Meta fields of a measurement file that a merge sums."""
 
 
+def measuring_commands(command: str) -> list[str]:
+    """The commands of a measurement file's "command" field that measured runs (a pure merge adds
+    no evidence of its own), without their comments, each once, in order."""
+    found = []
+    for part in command.split(" ; "):
+        part = part.split("  #")[0].strip()
+        pure_merge = "--merge" in part and "--drawn" not in part and "--tier none" in part
+        if part and not pure_merge and part not in found:
+            found.append(part)
+    return found
+
+
 def merged(entries: dict[str, dict], files: list[Path], drop: str | None
            ) -> tuple[dict[str, dict], list[str], dict[str, float]]:
     """`entries` with the entries of measurement `files` folded in (see --merge), the files'
@@ -139,7 +151,7 @@ def merged(entries: dict[str, dict], files: list[Path], drop: str | None
     commands, totals = [], dict.fromkeys(TOTALS, 0.0)
     for path in files:
         data = json.loads(path.read_text())
-        commands.append(f"{data['command']}  # {data.get('tier', '?')} tier, {data.get('date', '?')}")
+        commands += measuring_commands(data["command"])
         for name in TOTALS:
             totals[name] += data.get(name, 0)
         for key, v in data["entries"].items():
@@ -263,7 +275,8 @@ def main() -> None:
     entries, commands, totals = merged(entries, args.merge, args.drop)
     seconds = time.perf_counter() - start
     name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
-    meta = {"command": " ; ".join(["python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:]), *commands]),
+    meta = {"command": " ; ".join(dict.fromkeys(
+                measuring_commands("python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:])) + commands)),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
             "cases": len(cases) + int(totals["cases"]), "runs": ran + int(totals["runs"]),

@@ -328,7 +328,7 @@ def test_merge_keeps_each_keys_worst_and_sums_counts(tmp_path):
     out, commands, totals = MEASURE.merged(mine, [a], drop="^stale$")
     assert out["k1"] == {"worst": 0.5, "median": 0.1, "n": 13, "worst_case": "a1"}
     assert out["k2"] == mine["k2"] and "stale" not in out
-    assert commands == ["A  # ? tier, ?"] and totals["runs"] == 4 and totals["cases"] == 3
+    assert commands == ["A"] and totals["runs"] == 4 and totals["cases"] == 3
 
 
 FLOOR_CASE = "muon/linear-12x20/mb1/noflat/bf16@fp32/ns/spectral_norm/nesterov/wd0/steps1/rankdef/seed0"
@@ -341,6 +341,7 @@ def test_a_key_with_little_measured_error_keeps_the_floor():
     this update by a quarter, so it is skipped as ill-posed, never failed (nor passed)."""
     case = Case.from_id(FLOOR_CASE)
     pol = policy(case, OursMuon(), make_inputs(case))
-    assert str(pol.key) == "muon bf16@fp32/poly-mild/ill" and pol.coefficient == tolerance.COEFFICIENT_FLOOR
+    assert str(pol.key) == "muon bf16@fp32/poly-mild/ill" and pol.coefficient >= tolerance.COEFFICIENT_FLOOR
+    assert tolerance.coefficient(0.0085) == tolerance.COEFFICIENT_FLOOR  # the worst it had then: now the floor
     got = checks_of(FLOOR_CASE, OursMuon())["reference"]
     assert got.status == "skipped" and got.message.startswith("ill-posed"), (got.status, got.message)
