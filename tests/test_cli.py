@@ -199,7 +199,11 @@ def test_progress_prints_rates_and_time_left_at_least_every_interval_even_inside
 
 def test_sigint_writes_the_finished_cases_marked_incomplete(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--select", "linear", "--out", str(out)],
+    # The nightly tier's linear cases run for minutes: the first status line after the first finished
+    # case (one every progress interval, 10 s) comes while more remain, on a quiet machine too (the CI
+    # tier's linear cases can all finish within one interval).
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--tier", "nightly", "--select", "linear",
+                             "--out", str(out)],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
     seen = []
     for line in proc.stderr:  # the first status line with a finished case and more to go (within ~10 s)
