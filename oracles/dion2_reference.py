@@ -36,6 +36,7 @@ import numpy as np
 
 from oracles.conventions import Conventions
 from oracles.muon_reference import apply_update, axpby, held_coefficient, matrix_view, orthogonalize
+from oracles.normuon_reference import restore_block_norms
 from oracles.rounding import round_to, stored
 
 
@@ -153,13 +154,7 @@ def normalise_selected_rows(update: np.ndarray, rows: list[np.ndarray], v: np.nd
         o = mats[b][idx]
         v[b, idx] = hyper.beta2 * v[b, idx] + (1.0 - hyper.beta2) * np.mean(o * o, axis=1)
         normed[b][idx] = o / (np.sqrt(v[b, idx])[:, None] + hyper.variance_eps)
-    normed = normed.reshape(update.shape)
-    bounds = np.cumsum([0, *(row_blocks or [update.shape[0]])])
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        norm_o, norm_n = np.linalg.norm(update[lo:hi]), np.linalg.norm(normed[lo:hi])
-        if norm_n > 0.0:
-            normed[lo:hi] *= norm_o / norm_n
-    return normed, v
+    return restore_block_norms(update, normed.reshape(update.shape), row_blocks), v
 
 
 def reference_nordion2_step(x: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, hyper: NorDion2Hyper,

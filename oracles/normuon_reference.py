@@ -55,13 +55,18 @@ def normalise_rows(o: np.ndarray, v: np.ndarray, hyper: NorMuonHyper,
         norm_n = np.linalg.norm(normed, axis=(-2, -1), keepdims=True)
         safe = np.where(norm_n > 0.0, norm_n, 1.0)
         return (normed * np.where(norm_n > 0.0, norm_o / safe, 1.0)).reshape(o.shape), v
-    normed = normed.reshape(o.shape)
-    bounds = np.cumsum([0, *(row_blocks or [o.shape[0]])])
+    return restore_block_norms(o, normed.reshape(o.shape), row_blocks), v
+
+
+def restore_block_norms(update: np.ndarray, normed: np.ndarray, row_blocks: list[int] | None) -> np.ndarray:
+    """`normed` scaled, block by block of `row_blocks` (sizes along dim 0; one block when None), to the
+    Frobenius norm of the same block of `update`; a block normalised to zero stays zero. In place."""
+    bounds = np.cumsum([0, *(row_blocks or [update.shape[0]])])
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        norm_o, norm_n = np.linalg.norm(o[lo:hi]), np.linalg.norm(normed[lo:hi])
+        norm_o, norm_n = np.linalg.norm(update[lo:hi]), np.linalg.norm(normed[lo:hi])
         if norm_n > 0.0:
             normed[lo:hi] *= norm_o / norm_n
-    return normed, v
+    return normed
 
 
 def reference_normuon_step(x: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, hyper: NorMuonHyper,

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from optimizers.algorithms.base import Algorithm, Group, State, StateKey, parameter_shape
 from optimizers.algorithms.muon import MUON, matrix_lr_scale, orthogonalize_group, validate_muon
-from optimizers.algorithms.normuon import NORMUON
+from optimizers.algorithms.normuon import NORMUON, validate_variance
 from optimizers.distributed import chunk_sizes, local
 from optimizers.matrix_view import as_matrices, matrix_dims
 from optimizers.validation import check_real
@@ -162,10 +162,7 @@ def one_dim_mesh(where: str, index: int, p: torch.Tensor) -> None:
 def validate_nordion2(where: str, group: Group) -> None:
     """Dion2's options plus NorMuon's beta2 and variance_eps."""
     validate_dion2(where, group)
-    check_real(where, "beta2", group["beta2"], 0.0, 1.0, high_open=True)
-    check_real(where, "variance_eps", group["variance_eps"], 0.0)
-    if group["variance_eps"] == 0.0:
-        raise ValueError(f"{where}: variance_eps must be > 0 (it guards the division by sqrt(v))")
+    validate_variance(where, group)
 
 
 def _shard(stored: torch.Tensor) -> tuple[int, int, int, int, Any] | None:

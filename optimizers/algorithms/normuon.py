@@ -61,13 +61,18 @@ def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: 
     return (normed.reshape(n, -1) * factor).reshape(updates.shape).to(updates.dtype)
 
 
-def validate_normuon(where: str, group: Group) -> None:
-    """Muon's options, plus beta2 in [0, 1) and variance_eps > 0."""
-    validate_muon(where, group)
+def validate_variance(where: str, group: Group) -> None:
+    """The row-variance options every NorMuon-family algorithm takes: beta2 in [0, 1), variance_eps > 0."""
     check_real(where, "beta2", group["beta2"], 0.0, 1.0, high_open=True)
     check_real(where, "variance_eps", group["variance_eps"], 0.0)
     if group["variance_eps"] == 0.0:
         raise ValueError(f"{where}: variance_eps must be > 0 (it guards the division by sqrt(v))")
+
+
+def validate_normuon(where: str, group: Group) -> None:
+    """Muon's options, plus beta2 in [0, 1) and variance_eps > 0."""
+    validate_muon(where, group)
+    validate_variance(where, group)
     if group["num_heads"] is not None:
         raise ValueError(f"{where}: NorMuon takes num_heads=None only (got {group['num_heads']!r}): per-head "
                          f"orthogonalization followed by row normalisation has no reference here")
