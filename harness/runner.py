@@ -17,7 +17,7 @@ from typing import Callable, Iterable, TextIO
 
 import torch
 
-from cases import Case
+from cases import Case, schema
 from harness import backends, diagnosis, distributed_checks
 from harness.backends import Backend
 from harness.checks import Outcome
@@ -59,11 +59,8 @@ def repro_command(case: Case, target_spec: str, backend: str) -> str:
 
 def _record(case: Case, target: Target, check: str, status: str, backend: str, repro: str,
             seconds: float, **fields: object) -> Record:
-    return Record(case_id=case.id, check=check, target=target.name, backend=backend, world_size=case.world_size,
-                  layout=case.layout_detail, optimizer=case.optimizer, layer=case.kind, shape=case.shape_text,
-                  megabatch=case.megabatch, flatten=case.flatten, param_dtype=case.param_dtype,
-                  compute_dtype=case.compute_dtype, orthogonalizer=case.orthogonalizer, status=status,
-                  repro=repro, seconds=seconds, **fields)
+    return Record(case_id=case.id, check=check, target=target.name, backend=backend, status=status, repro=repro,
+                  seconds=seconds, **schema.column_values(case), **fields)
 
 
 def _judge(case: Case, target: Target, backend: str, repro: str,
