@@ -46,20 +46,28 @@ SCHEMA_VERSION = 4
 
 
 class _RecordMethods:
-    """What a `Record` does beyond holding its columns."""
+    """What a `Record` does beyond holding its columns (declared for type checkers; make_dataclass
+    below makes them fields)."""
+
+    case_id: str
+    check: str
+    target: str
+    backend: str
+    world_size: int
+    status: str
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:  # type: ignore[attr-defined]
-            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")  # type: ignore[attr-defined]
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
 
     @property
     def key(self) -> tuple[str, str, str, str, int]:
         """Identity of a row across runs: (case, check, target, backend, world size)."""
-        return (self.case_id, self.check, self.target, self.backend, self.world_size)  # type: ignore[attr-defined]
+        return (self.case_id, self.check, self.target, self.backend, self.world_size)
 
     @property
     def failing(self) -> bool:
-        return self.status in FAILING  # type: ignore[attr-defined]
+        return self.status in FAILING
 
 
 def _case_columns(since_first: bool) -> list[tuple[str, str, Any]]:

@@ -47,7 +47,8 @@ def test_records_carry_every_schema_column_with_its_case_value():
         for column in schema.COLUMNS:
             value = getattr(record, column.name)
             assert isinstance(value, column.kind) and value == column.value(case), column.name
-    assert (records[0].fraction, records[0].steps, records[0].grad, records[0].nesterov) == ("0.25", 3, "gaussian", "plain")
+    first = records[0]
+    assert (first.fraction, first.steps, first.grad, first.nesterov) == ("0.25", 3, "gaussian", "plain")
     v1 = [c.name for c in schema.COLUMNS if c.since == 1]
     assert list(REQUIRED) == ["case_id", "check", "target", "backend", *v1, "status"]
     assert [c.name for c in schema.COLUMNS if c.since > 1] == list(COLUMNS[-len(schema.COLUMNS) + len(v1):])
