@@ -1,4 +1,4 @@
-"""The fast paths on CUDA at sizes that engage them (skipped without CUDA): symmetric products by
+"""The fast paths on CUDA (skipped without CUDA): CUDA graphs of small megabatches; symmetric products by
 blocks (from 2048 rows) and Gram Newton-Schulz, in bf16/fp16, no farther from the fp64 iteration
 than the plain products are."""
 
@@ -52,3 +52,61 @@ def test_fast_orthogonalizers_match_the_plain_ones(name, compute, shape):
     slow = plain(lambda: orthogonalize(g.float(), name, 5, 1e-7, compute))
     assert rel(fast, exact) <= 1.5 * rel(slow, exact), (rel(fast, exact), rel(slow, exact))
     assert rel(fast, exact) < 0.1
+
+
+def small_set(seed=0):
+    """GPT-2-like megabatches at a quarter of the width, fp32 parameters and gradients on CUDA."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = [(576, 192), (192, 192), (768, 192), (192, 768)] * 3 + [(64, 16, 2, 2)]
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen, device="cuda")) for s in shapes]
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=gen, device="cuda")
+    return ps
+
+
+@pytest.mark.parametrize("orthogonalizer", ["polar_express", "newton_schulz", "gram_newton_schulz"])
+def test_cuda_graphs_give_the_eager_bits(orthogonalizer):
+    """Muon(cuda_graphs=True) replays the eager kernels: every parameter equal bit for bit to the eager
+    optimizer's over 6 steps (gradients redrawn each step); polynomial megabatches captured and
+    replayed, Gram Newton-Schulz's left eager (its divergence check reads a host flag)."""
+    from optimizers import Muon
+
+    ps, qs = small_set(), small_set()
+    fast = Muon(ps, flatten=True, orthogonalizer=orthogonalizer, cuda_graphs=True)
+    eager = Muon(qs, flatten=True, orthogonalizer=orthogonalizer)
+    for step in range(6):
+        fast.step()
+        eager.step()
+        gen = torch.Generator(device="cuda").manual_seed(100 + step)
+        for p, q in zip(ps, qs):
+            p.grad = torch.randn(p.shape, generator=gen, device="cuda")
+            q.grad = p.grad.clone()
+    torch.cuda.synchronize()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    plan_graphs = fast._cached.graphs
+    assert plan_graphs.failures == []
+    replays = [g.replays if g else 0 for g in plan_graphs.graphs.values()]
+    assert replays == ([0] * 5 if orthogonalizer == "gram_newton_schulz" else [4] * 5), replays
+
+
+def test_cuda_graphs_cut_the_launches():
+    """Kernel launches of one step (torch.profiler's cudaLaunchKernel / cudaGraphLaunch calls): with
+    graphs at most a third of eager's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from optimizers import Muon
+
+    counts = {}
+    for flag in (False, True):
+        opt = Muon(small_set(), flatten=True, cuda_graphs=flag)
+        for _ in range(4):
+            opt.step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            opt.step()
+            torch.cuda.synchronize()
+        counts[flag] = sum(1 for e in prof.events() if e.name in ("cudaLaunchKernel", "cudaLaunchKernelExC",
+                                                                  "cuLaunchKernel", "cuLaunchKernelEx",
+                                                                  "cudaGraphLaunch"))
+    print(f"launches per step: eager {counts[False]}, graphs {counts[True]}")
+    assert 0 < counts[True] <= counts[False] / 3, counts
