@@ -19,7 +19,9 @@ Bounded, so that one call of a few minutes yields the whole table:
     next set), with torch._dynamo's recompile limit raised to RECOMPILE_LIMIT as dion's own scripts do;
   - `--only REGEX` keeps the contenders whose label matches.
 Lever rows: "ours (X)" runs with every lever but CUDA graphs; "ours (X, cuda graphs)" adds
-`Muon(cuda_graphs=True)` (lever 3, optimizers/graphs.py); "lever 2 off" runs the same orthogonalizer
+`Muon(cuda_graphs=True)` (lever 3, optimizers/graphs.py); "ours (X, triton symmetric)" computes the
+split symmetric products by the Triton kernel of optimizers/symmetric_triton.py (its cell notes how
+many products it took; without triton the row says so); "lever 2 off" runs the same orthogonalizer
 with plain products instead of symmetric products by halves (optimizers/symmetric.py); "ours
 (polar_express), lever 2 off" is the step as it was before the levers; "ours (gram_newton_schulz)"
 against "ours (polar_express)" is lever 1 (Gram NS on the rectangular matrices). Lever 4 (the cached,
@@ -150,6 +152,17 @@ def _plain_products() -> Iterator[None]:
         symmetric.BLOCK = saved
 
 
+@contextlib.contextmanager
+def _triton_products() -> Iterator[None]:
+    """The symmetric products that would be split into blocks by the Triton kernel (symmetric.TRITON)."""
+    saved = symmetric.TRITON
+    symmetric.TRITON = True
+    try:
+        yield
+    finally:
+        symmetric.TRITON = saved
+
+
 @dataclass
 class Contender:
     """A row: `make(params)` builds the optimizer (None: cannot run, `reason` says why), inside `context`;
@@ -198,6 +211,10 @@ def contenders(has_convs: bool, extra_peers: bool) -> list[Contender]:
                          ours("gram_newton_schulz", compute_dtype=torch.float16), False))
     out += [Contender(f"ours ({orth}, cuda graphs)", ours(orth, cuda_graphs=True), False)
             for orth in ("polar_express", "newton_schulz")]
+    kernel = symmetric.triton_kernel()
+    out += [Contender(f"ours ({orth}, triton symmetric)", ours(orth) if kernel else None, False,
+                      "" if kernel else "triton not installed", context=_triton_products)
+            for orth in ("polar_express", "gram_newton_schulz")]
     out += [Contender(f"ours ({orth}), lever 2 off", ours(orth), False, context=_plain_products)
             for orth in ("polar_express", "gram_newton_schulz")]
     if not hasattr(torch.optim, "Muon"):
@@ -259,6 +276,9 @@ def measure(contender: Contender, params: list[torch.nn.Parameter], device: torc
             seconds: float) -> Result:
     """Construction + first step (wall), then median of a budgeted number of steps, within `seconds`."""
     gram.STATS.gram = gram.STATS.fallbacks = 0
+    kernel = symmetric.triton_kernel()
+    if kernel:
+        kernel.STATS.products = 0
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         with contender.context():
@@ -277,6 +297,8 @@ def measure(contender: Contender, params: list[torch.nn.Parameter], device: torc
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     note = f" [Gram NS: {gram.STATS.gram} matrices, {gram.STATS.fallbacks} fallbacks]" if gram.STATS.gram else ""
+    if kernel and kernel.STATS.products:
+        note += f" [triton: {kernel.STATS.products} products]"
     return Result(statistics.median(times), first, steps, note)
 
 
