@@ -210,7 +210,7 @@ def contenders(has_convs: bool, extra_peers: bool) -> list[Contender]:
     out.append(Contender("ours (gram_newton_schulz, fp16)",
                          ours("gram_newton_schulz", compute_dtype=torch.float16), False))
     out += [Contender(f"ours ({orth}, cuda graphs)", ours(orth, cuda_graphs=True), False)
-            for orth in ("polar_express", "newton_schulz")]
+            for orth in ("polar_express", "newton_schulz", "gram_newton_schulz")]
     kernel = symmetric.triton_kernel()
     out += [Contender(f"ours ({orth}, triton symmetric)", ours(orth) if kernel else None, False,
                       "" if kernel else "triton not installed", context=_triton_products)

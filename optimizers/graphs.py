@@ -8,12 +8,15 @@ directions are written into it) and writing a fixed output buffer (read by the s
 before the next replay, which comes only in the next step, on the same stream).
 
 Captured: a megabatch in one process (no exchange) on CUDA, of an algorithm whose matrix stages are
-Muon's whole-matrix select and `orthogonalize_group` (Muon, NorMuon), with a polynomial
-orthogonalizer (`CAPTURED`) and at most `MAX_NUMEL` elements per stack (above that the GPU is the
-bound and a graph would only hold memory). Not captured: Gram Newton–Schulz (its divergence check
-reads a flag on the host, which a graph cannot), SVD (cuSOLVER checks its info on the host), and
-every other algorithm; these run eagerly as before. A graph replays exactly the kernels the eager
-call runs, on the same inputs, so its result is the eager one bit for bit.
+Muon's whole-matrix select and `orthogonalize_group` (Muon, NorMuon), with an orthogonalizer in
+`CAPTURED` and at most `MAX_NUMEL` elements per stack (above that the GPU is the bound and a graph
+would only hold memory). Gram Newton–Schulz reads a divergence flag on the host, which a graph
+cannot: under capture it records the flag on the device instead (gram_newton_schulz.deferred_checks),
+and after each replay the flags are read (one synchronisation per megabatch, as eager has); if any
+matrix diverged, the whole update is recomputed eagerly, where the standard-iteration fallback runs.
+Not captured: SVD (cuSOLVER checks its info on the host) and every other algorithm; these run
+eagerly as before. A graph replays exactly the kernels the eager call runs, on the same inputs, so
+its result is the eager one bit for bit.
 
 Graphs belong to one validated plan (optimizers/plan.py): a new plan (a changed parameter, option or
 state entry) starts with none. A plan's first step runs eagerly; its second captures (after two
@@ -28,11 +31,13 @@ from typing import Callable
 
 import torch
 
+from optimizers import gram_newton_schulz as gram
 from optimizers.algorithms.base import Algorithm, select_all
 from optimizers.algorithms.muon import orthogonalize_group
 
-CAPTURED = ("polar_express", "newton_schulz")
-"""Orthogonalizers whose megabatch update has no host synchronisation, hence can be captured."""
+CAPTURED = ("polar_express", "newton_schulz", "gram_newton_schulz")
+"""Orthogonalizers whose megabatch update can be captured: the polynomials have no host
+synchronisation; Gram Newton–Schulz's divergence check is deferred past the replay."""
 
 MAX_NUMEL = 1 << 25
 """Largest stack (elements) captured: 32 Mi elements, e.g. 12 GPT-2 MLP matrices 3072 x 768 (28 Mi)."""
@@ -56,26 +61,38 @@ def captures(algorithm: Algorithm, group: dict, numel: int) -> bool:
 
 class Graphed:
     """`update` captured for stacks of one shape, dtype and device: `run(directions)` stacks them into
-    the input buffer, replays, and returns the output buffer (valid until the next replay)."""
+    the input buffer, replays, and returns the output buffer (valid until the next replay), or None when
+    a Gram result of the replay diverged (the caller then recomputes the update eagerly)."""
 
     def __init__(self, update: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor,
                  pool: tuple) -> None:
         self.input = example.clone()
-        side, main = torch.cuda.Stream(example.device), torch.cuda.current_stream(example.device)
+        self.replays = 0
+        self.checks = self._capture(update, pool)
+
+    def _capture(self, update: Callable[[torch.Tensor], torch.Tensor], pool: tuple) -> gram.DeferredChecks:
+        """Warm up on a side stream, then capture into `self.graph`, writing `self.output`."""
+        side, main = torch.cuda.Stream(self.input.device), torch.cuda.current_stream(self.input.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
             for _ in range(WARMUP):
                 update(self.input)
         main.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with gram.deferred_checks() as checks, torch.cuda.graph(self.graph, pool=pool):
             self.output = update(self.input)
-        self.replays = 0
+        return checks
 
-    def run(self, directions: list[torch.Tensor]) -> torch.Tensor:
-        torch.stack(directions, out=self.input)
+    def _replay(self) -> None:
         self.graph.replay()
+
+    def run(self, directions: list[torch.Tensor]) -> torch.Tensor | None:
+        torch.stack(directions, out=self.input)
+        self._replay()
         self.replays += 1
+        if self.checks.diverged():
+            return None
+        gram.STATS.gram += self.checks.matrices
         return self.output
 
 
@@ -94,7 +111,8 @@ class PlanGraphs:
         """The megabatch's update of `directions`: replayed, captured now, or eager."""
         graphed = self.graphs.get(key, False)
         if graphed:
-            return graphed.run(directions)
+            out = graphed.run(directions)
+            return update(graphed.input) if out is None else out
         stack = torch.stack(directions)
         if graphed is None or not self.armed:
             return update(stack)
@@ -110,4 +128,5 @@ class PlanGraphs:
             self.failures.append(f"megabatch {key}: {type(exc).__name__}: {exc}")
             return update(stack)
         self.graphs[key] = graphed
-        return graphed.run(directions)
+        out = graphed.run(directions)
+        return update(graphed.input) if out is None else out

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from optimizers import Muon, graphs
+from optimizers import gram_newton_schulz as gram
 from optimizers.algorithms import ADAMW, DION2, MUON, NORMUON
 
 SHAPES = ((6, 10), (6, 10), (10, 6), (4, 3, 2, 2))
@@ -29,7 +30,7 @@ def regrad(ps, step):
 
 @pytest.mark.parametrize("algorithm, orthogonalizer, numel, expected", [
     (MUON, "polar_express", 60, True), (MUON, "newton_schulz", 60, True), (NORMUON, "polar_express", 60, True),
-    (MUON, "gram_newton_schulz", 60, False), (MUON, "svd", 60, False), (DION2, "polar_express", 60, False),
+    (MUON, "gram_newton_schulz", 60, True), (MUON, "svd", 60, False), (DION2, "polar_express", 60, False),
     (ADAMW, "polar_express", 60, False), (MUON, "polar_express", graphs.MAX_NUMEL, True),
     (MUON, "polar_express", graphs.MAX_NUMEL + 1, False), (MUON, "polar_express", 0, False)])
 def test_which_megabatches_are_captured(algorithm, orthogonalizer, numel, expected):
@@ -40,20 +41,22 @@ def test_nothing_is_captured_off_cuda():
     assert not graphs.capturable(MUON, {"orthogonalizer": "polar_express"}, torch.zeros(2, 3, 4))
 
 
-class FakeGraphed:
-    """Stands in for a CUDA graph on CPU: runs the update eagerly into fixed buffers, as a replay does."""
+class FakeGraphed(graphs.Graphed):
+    """A CUDA graph's stand-in on CPU: "capture" and "replay" run the update eagerly, the replay
+    into the fixed output buffer, both with Gram's checks deferred, as under a real capture."""
 
     captures: list = []
 
-    def __init__(self, update, example, pool):
-        FakeGraphed.captures.append(tuple(example.shape))
-        self.update, self.input, self.replays = update, example.clone(), 0
+    def _capture(self, update, pool):
+        FakeGraphed.captures.append(tuple(self.input.shape))
+        self.update = update
+        with gram.deferred_checks() as checks:
+            self.output = update(self.input)
+        return checks
 
-    def run(self, directions):
-        torch.stack(directions, out=self.input)
-        self.replays += 1
-        self.output = self.update(self.input)
-        return self.output
+    def _replay(self):
+        with gram.deferred_checks() as self.checks:
+            self.output.copy_(self.update(self.input))
 
 
 @pytest.fixture
@@ -93,10 +96,30 @@ def test_a_new_plan_starts_without_graphs(fake_cuda):
 
 
 def test_an_ineligible_orthogonalizer_stays_eager(fake_cuda):
-    opt, ps = make(cuda_graphs=True, orthogonalizer="gram_newton_schulz")
+    opt, ps = make(cuda_graphs=True, orthogonalizer="svd")
     for _ in range(4):
         opt.step()
     assert FakeGraphed.captures == [] and set(opt._cached.graphs.graphs.values()) == {None}
+
+
+def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, monkeypatch):
+    """Gram Newton-Schulz under a graph: the same results and Gram counts as eager; when a result
+    diverges (every one, with DIVERGED at 0), the replay's flag sends the megabatch to the eager
+    update, whose standard-iteration fallback gives eager's results and counts."""
+    for diverged in (gram.DIVERGED, 0.0):
+        monkeypatch.setattr(gram, "DIVERGED", diverged)
+        with_graphs, ps = make(cuda_graphs=True, orthogonalizer="gram_newton_schulz")
+        eager, qs = make(orthogonalizer="gram_newton_schulz")
+        counts = []
+        for opt in (with_graphs, eager):
+            gram.STATS.gram = gram.STATS.fallbacks = 0
+            for _ in range(5):
+                opt.step()
+            counts.append((gram.STATS.gram, gram.STATS.fallbacks))
+        assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+        assert counts[0] == counts[1] and counts[0][0] > 0, counts
+        assert counts[0][1] == (counts[0][0] if diverged == 0.0 else 0)
+        assert [g.replays for g in with_graphs._cached.graphs.graphs.values()] == [3, 3, 3]
 
 
 def test_a_failed_capture_leaves_the_megabatch_eager_and_the_step_complete(fake_cuda, monkeypatch):

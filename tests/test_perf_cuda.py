@@ -67,16 +67,20 @@ def small_set(seed=0):
 @pytest.mark.parametrize("orthogonalizer", ["polar_express", "newton_schulz", "gram_newton_schulz"])
 def test_cuda_graphs_give_the_eager_bits(orthogonalizer):
     """Muon(cuda_graphs=True) replays the eager kernels: every parameter equal bit for bit to the eager
-    optimizer's over 6 steps (gradients redrawn each step); polynomial megabatches captured and
-    replayed, Gram Newton-Schulz's left eager (its divergence check reads a host flag)."""
-    from optimizers import Muon
+    optimizer's over 6 steps (gradients redrawn each step), the same Gram Newton-Schulz counts; every
+    megabatch captured at the plan's second step and replayed after."""
+    from optimizers import Muon, gram_newton_schulz as gram
 
     ps, qs = small_set(), small_set()
     fast = Muon(ps, flatten=True, orthogonalizer=orthogonalizer, cuda_graphs=True)
     eager = Muon(qs, flatten=True, orthogonalizer=orthogonalizer)
+    counts = {fast: [0, 0], eager: [0, 0]}
     for step in range(6):
-        fast.step()
-        eager.step()
+        for opt in (fast, eager):
+            gram.STATS.gram = gram.STATS.fallbacks = 0
+            opt.step()
+            counts[opt][0] += gram.STATS.gram
+            counts[opt][1] += gram.STATS.fallbacks
         gen = torch.Generator(device="cuda").manual_seed(100 + step)
         for p, q in zip(ps, qs):
             p.grad = torch.randn(p.shape, generator=gen, device="cuda")
@@ -86,7 +90,8 @@ def test_cuda_graphs_give_the_eager_bits(orthogonalizer):
     plan_graphs = fast._cached.graphs
     assert plan_graphs.failures == []
     replays = [g.replays if g else 0 for g in plan_graphs.graphs.values()]
-    assert replays == ([0] * 5 if orthogonalizer == "gram_newton_schulz" else [4] * 5), replays
+    assert replays == [4] * 5, replays
+    assert counts[fast] == counts[eager], counts
 
 
 def test_cuda_graphs_cut_the_launches():
