@@ -351,7 +351,7 @@ def run_here(contender: Contender, params: list[torch.nn.Parameter], device: tor
             torch.cuda.empty_cache()
 
 
-CHILD_STARTUP_S = 60.0
+CHILD_STARTUP_S = 40.0
 """Seconds a peer's process may take beyond its measurement: interpreter, torch and CUDA start, parameters."""
 
 
