@@ -53,7 +53,7 @@ def capturable(algorithm: Algorithm, group: dict, stack: torch.Tensor) -> bool:
 
 
 def captures(algorithm: Algorithm, group: dict, numel: int) -> bool:
-    """The device-free rule (module docstring): Muon's matrix stages, a polynomial orthogonalizer,
+    """The device-free rule (module docstring): Muon's matrix stages, an orthogonalizer in CAPTURED,
     1 to MAX_NUMEL elements."""
     return (algorithm.select is select_all and algorithm.orthogonalize is orthogonalize_group
             and group["orthogonalizer"] in CAPTURED and 0 < numel <= MAX_NUMEL)
@@ -124,7 +124,7 @@ class PlanGraphs:
                 self.pool = torch.cuda.graph_pool_handle()
             graphed = Graphed(update, stack, self.pool)
         except Exception as exc:  # noqa: BLE001 - an uncapturable update stays eager; the step goes on
-            self.graphs[key] = None
+            self.graphs[key], self.pool = None, None  # later captures take a fresh pool
             self.failures.append(f"megabatch {key}: {type(exc).__name__}: {exc}")
             return update(stack)
         self.graphs[key] = graphed
