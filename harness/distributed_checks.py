@@ -29,7 +29,6 @@ every step. The parent gathers the pieces (each into its box, cases.layouts.regi
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from cases import Case, matrix_shape
+from cases import Case
 from cases.layouts import regions, shard_dim
 from harness import checks, tolerance
 from harness.algorithms import algorithm, selection_blocks
