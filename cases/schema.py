@@ -7,8 +7,8 @@ Trailing tokens whose case has the default (the layout and world size of one pro
 the parser takes any count between the required tokens and all of them. `COLUMNS` are the record
 columns a case gives each of its records (reports/records.py builds `Record` from them); a column added
 after schema version 1 has a default, and a run stored before it gets the value its case id says
-(`column_values`). `AXES` holds each field's domain: what the property tests draw
-(cases/strategies.py) and whether the report filters by its column.
+(reports.records.from_row, through `column_values`); `FILTERS` are the columns the HTML report filters
+by. `AXES` holds each field's domain: what the property tests draw (cases/strategies.py).
 
 Nothing here may change an existing id: tests/test_case_ids_frozen.py holds the tiers' ids.
 """
