@@ -63,7 +63,7 @@ def _rank(rank: int, world: int, port: int, seed: int, steps: int, shm: bool, ou
     """One rank: build the model from the seed, one DeepSpeed engine (AutoTP when world > 1), `steps`
     steps on one fixed batch; saves each projection's local weight before and after, and the loss."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu")  # CPU ranks even where a GPU is visible
     import deepspeed
     import transformers
 
