@@ -3,7 +3,11 @@
 tests/data/{ci,nightly}_ids.txt.gz hold `python -m harness list --tier ci|nightly` (ids only, in
 tier order) as generated at commit 433d387, before the case axes were declared in one table
 (cases/schema.py). A change to how an id is written or to which cases a tier holds shows here.
-Regenerate a file only for a deliberate change of a tier, and say so in the CHANGELOG.
+Regenerate a file only for a deliberate change of a tier (cases added or removed; an existing id
+must never change), and say so in the CHANGELOG:
+
+    python -m harness list --tier ci | head -n -1 | gzip -n -9 > tests/data/ci_ids.txt.gz
+    python -m harness list --tier nightly | head -n -1 | gzip -n -9 > tests/data/nightly_ids.txt.gz
 """
 
 import gzip
