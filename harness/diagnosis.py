@@ -16,14 +16,18 @@ Rules, first match wins (each names its evidence in the line it writes):
                       rerun at scale: an error that vanishes at scale is the normaliser's eps)
   weight-decay        the decay relation (probe) fails, or the error lies along the parameter
                       (projection): decay missing, coupled, after the update or with the adjusted lr
-  lr-scale            the step is the reference's times one constant (>= 1% off), or each step
-                      its own factor (some >= 1% off): the update's size set wrong
+  lr-scale            the step is the reference's times one constant (>= 1% off; where per-row
+                      factors explain the error, one constant leaving less than ROW_GAIN x what
+                      they leave), or each step its own factor (some >= 1% off): the update's
+                      size set wrong
   per-row-state       rescaling each output row by its own factor explains the error, or (bf16) the
                       rows check fails: the rows' norms spread against the reference's (NorMuon's
                       row statistics)
   momentum            the first step is within its tolerance and the error grows over the later ones
   orthogonalizer      none of the above: the orthogonalized matrix itself differs (coefficients,
-                      normaliser, iteration count), its singular values against f(sigma) say how
+                      normaliser, iteration count), its singular values against f(sigma) say how;
+                      where a bf16-robust check fails too, its diagnosis instead (bf16 noise can
+                      leave a right model's fit short of EXPLAINED)
 
 The structural rules rerun the case on the target (as drawn and with gradients x 2^10) (single-process cases only; ms) and
 look at the error of every step against the FP64 reference (harness.checks.reference_steps).
@@ -51,6 +55,14 @@ SCALE_OFF = 0.01
 """A constant factor farther than this from 1 counts as an lr-scale error."""
 EXPLAINED = 0.25
 """A model of the error 'explains' it when it leaves less than this fraction of the error's norm."""
+FALLBACK = "orthogonalizer: the orthogonalized update itself differs"
+"""The structural diagnosis when no model explains the error; where the reference fails and a
+bf16-robust check fails too, that check's diagnosis is taken instead (bf16 noise can leave more
+than EXPLAINED of the error unexplained by a model that is right)."""
+ROW_GAIN = 2.0
+"""Per-row factors count as row structure only when they leave less than 1/ROW_GAIN of what one
+constant factor leaves: with one parameter per row they always explain more, rounding noise
+included (a bf16 parameter's storage rounding is a quarter of a 2% lr-scale error's norm)."""
 EPS_SHRINK = 32.0
 """An error whose relative size falls by more than this factor when the gradients grow 2^10 comes
 from an additive constant in the normaliser (its eps); scale-invariant defects keep their size."""
@@ -198,8 +210,10 @@ def _from_robust(checks: dict[str, Record]) -> str | None:
 
 
 def _constant_factor(s: Structure) -> str | None:
-    """The lr-scale diagnosis when one constant factor (>= SCALE_OFF from 1) explains the error."""
-    if abs(s.factor - 1.0) > SCALE_OFF and s.factor_left < EXPLAINED:
+    """The lr-scale diagnosis when one constant factor (>= SCALE_OFF from 1) explains the error, or
+    explains it within ROW_GAIN of what per-row factors do where those explain it."""
+    explains = s.factor_left < EXPLAINED or (s.row_left < EXPLAINED and s.factor_left < ROW_GAIN * s.row_left)
+    if abs(s.factor - 1.0) > SCALE_OFF and explains:
         return (f"lr-scale: the step is {s.factor:.4g} x the reference's (a constant factor explains "
                 f"{1 - s.factor_left:.0%} of the error)")
     return None
@@ -228,7 +242,7 @@ def _from_structure(case: Case, s: Structure) -> str:
                 f"(row statistics or row normalisation)")
     if len(s.errors) > 1 and s.first_ok is not False and s.errors[0] < 0.25 * max(s.errors[1:]):
         return f"momentum: step 1 is within its tolerance, the error grows over the steps ({errors})"
-    return f"orthogonalizer: the orthogonalized update itself differs (errors per step {errors})"
+    return f"{FALLBACK} (errors per step {errors})"
 
 
 def diagnose(case: Case, target: Target, records: list[Record]) -> str:
@@ -249,14 +263,14 @@ def diagnose(case: Case, target: Target, records: list[Record]) -> str:
         return found
     if case.layout != "single":
         return "orthogonalizer: the distributed reference fails, no relation singles out a cause"
-    if not _failed(checks, "reference"):
-        found = _from_robust(checks)
-        if found:
-            return found
+    robust = _from_robust(checks)
+    if robust and not _failed(checks, "reference"):
+        return robust
     try:
-        return _from_structure(case, structure(case, target))
+        found = _from_structure(case, structure(case, target))
     except Exception as exc:  # a diagnosis never hides the verdict it explains
         return f"undiagnosed: rerunning the case raised {type(exc).__name__}: {exc}"
+    return robust if robust and found.startswith(FALLBACK) else found
 
 
 def annotate(case: Case, target: Target, records: list[Record]) -> list[Record]:

@@ -63,6 +63,11 @@ ALGORITHM_CHECKS = {"muon": {"spectrum": ("sv_mean", "sv_spread")}, "normuon": {
 """The robust checks beyond norm and probe, per algorithm, with the statistics each judges."""
 
 
+STATISTIC_CHECKS = {"norm": ("norm", "decay"),
+                    **{name: stats for checks in ALGORITHM_CHECKS.values() for name, stats in checks.items()}}
+"""The robust checks judging statistics (all but probe), with the statistics each judges."""
+
+
 def extra_statistics(optimizer: str) -> set[str]:
     """The statistics beyond norm and decay that `optimizer`'s robust checks judge."""
     return {s for stats in ALGORITHM_CHECKS.get(optimizer, {}).values() for s in stats}
@@ -189,10 +194,15 @@ def _noise() -> dict[str, dict[str, float]]:
     return _noise_data()["worst"]
 
 
+def measured_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
+    """The measured worst |statistic| of ours for `case` run in `compute_dtype` (None if unmeasured)."""
+    return _noise().get(noise_key(case, compute_dtype))
+
+
 def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float]) -> base.Outcome:
     """Outcome of robust check `name` from its statistics: the worst |value| / tolerance."""
     key = noise_key(case, compute_dtype)
-    measured = _noise().get(key)
+    measured = measured_noise(case, compute_dtype)
     if measured is None:
         return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
     unmeasured = sorted(set(values) - set(measured))
