@@ -12,7 +12,7 @@ every step. The parent gathers the pieces (each into its box, cases.layouts.regi
                is from the global-scope one: the layout dependence of that scope
   local_shard  the same-sharding reference: each rank's own piece vs the same piece of that
                reference step, so an error confined to one shard cannot hide in the whole's norm;
-               allowed up to sqrt(k) x the step's rtol relative to the piece (`piece_tolerance`)
+               allowed the whole's error allowance relative to the piece (`piece_tolerance`)
                (a TP case's reference is its mode's: the whole matrix for gather, each TP shard
                alone for per_shard, per head with heads; harness/algorithms.py)
   layout       layout invariance: the gathered run vs the single-process run of the same case
@@ -188,24 +188,21 @@ def scope_dependence(case: Case, target: Target, inputs: Inputs, pieces: Pieces)
 
 def piece_tolerance(case: Case, tol: tolerance.Tolerance, share: float) -> tolerance.Tolerance:
     """The tolerance of one rank's piece of a step whose whole update has tolerance `tol`, the piece
-    holding `share` = ||update_r|| / ||update|| of it.
+    holding `share` = ||update_r|| / ||update|| of it: rtol / share, the whole's allowance
+    (||err_r|| <= ||err|| <= rtol ||update||) relative to the piece.
 
-    The policy's rtol bounds the whole update's normwise error, calibrated on the orthogonalizer's
-    deviation at the singular values: err = U diag(d) V^T over the k singular values of the member's
-    matrix view (k = batch x min(m, n)), so ||err|| / ||O|| is the RMS of d. A piece of rows (or
-    columns) r holds err_r = U_r diag(d) V^T and O_r = U_r V^T, hence
-        ||err_r|| / ||O_r|| <= max |d| <= sqrt(k) RMS(d),
-    with equality when one singular direction's deviation lies in one piece: a correct step can show
-    its piece sqrt(k) x the whole's relative error (seen: a 2-row Dion2 selection put 90% of the
-    error in the rank holding 41% of the update, 1.48x the whole's relative error). Capped at the
-    whole's allowance (||err_r|| <= ||err||): rtol x min(sqrt(k), 1 / share). An error confined to a
-    piece that the whole's norm dilutes by more than sqrt(k) still fails."""
-    batch, m, n = matrix_shape(case.shape, case.flatten)
-    k = batch * min(m, n)
-    factor = min(math.sqrt(k), 1.0 / share) if share > 0 else math.sqrt(k)
+    No tighter bound holds for every correct step. A deviation at the singular values alone
+    (err = U diag(d) V^T) would give a piece at most sqrt(k) x the whole's relative error over the
+    member's k singular directions, but rounding also moves the singular vectors: on NCCL ranks, the
+    fp32 SVD of a 1 x 16 row vector (k = 1) put 2.3 x the whole's relative error into one rank's four
+    columns (rel_err 7.2e-7 against the whole's 3.1e-7, 1.09 x a sqrt(k) allowance). An error confined
+    to a piece still fails here once it exceeds what the whole may hold, and the layout check compares
+    the distributed run with the single-process one far tighter. A piece whose reference update is
+    zero is allowed its storage rounding only, as before."""
+    factor = 1.0 / share if share > 0 else 1.0  # a piece the reference leaves unmoved: storage rounding only
     return tolerance.Tolerance(tol.rtol * factor, tol.storage_ulps,
-                               f"{factor:.3g} x the step's rtol for one piece (min(sqrt({k}) singular directions, "
-                               f"1 / its share {share:.3g} of the update)): {tol.source}")
+                               f"{factor:.3g} x the step's rtol for one piece (1 / its share {share:.3g} of the "
+                               f"update: the whole's allowance): {tol.source}")
 
 
 def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
