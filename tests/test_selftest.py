@@ -105,3 +105,15 @@ def test_a_defect_hidden_by_noise_is_passed_over_with_its_numbers_and_a_visible_
 def test_the_report_prints_the_cases_hidden_by_noise():
     outcome = selftest.Outcome({}, {}, 0.0, {"pe-coefficient-typo": {"some/case": "effect vs allowed + noise: x"}})
     assert "HIDDEN BY NOISE pe-coefficient-typo: some/case (effect vs allowed + noise: x)" in selftest.render(outcome)
+
+
+def test_torch_is_judged_for_false_alarms_outside_its_known_finding_only():
+    """torch.optim.Muon's bf16 momentum buffer bug (bf16 parameters, no Nesterov, 2+ steps) is a
+    finding, not a false alarm: the selftest leaves those cases out of torch's false alarms; the
+    Nesterov twin, where torch is correct, stays in."""
+    from cases import Case
+    from harness.runner import run_case
+    case = Case.from_id("muon/linear_row-1x16/mb2/noflat/bf16@bf16/ns/rms_norm/plain/wd0/steps3/gaussian/seed0")
+    assert any(r.failing for r in run_case(case, load_target("torch"), "torch"))  # the finding is real
+    assert selftest.CORRECT["torch"](case) and selftest.false_alarms([case]) == {"ours": [], "torch": []}
+    assert selftest.CORRECT["torch"](dataclasses.replace(case, nesterov=True)) is None
