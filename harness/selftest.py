@@ -153,7 +153,8 @@ def selection_ill_posed(target: Target, case: Case) -> bool:
 @dataclass(frozen=True)
 class Visibility:
     """One check (or one statistic of a bf16-robust check) on a case with bf16: the defect's effect
-    free of rounding (its run of the case's fp64 twin), what the check allows there, and a correct
+    free of rounding noise (its run of the case's fp64 twin; an exact relation's value on the case
+    itself, which no noise blurs), what the check allows there, and a correct
     run's own value there (ours: the noise the defect's run also carries). The check flags the defect
     whatever that noise's sign only when effect > allowed + noise."""
 
