@@ -132,3 +132,19 @@ def test_you_quintics_declared_as_keller_jordans_still_fail():
     target = Misdeclared("you")
     inputs = make_inputs(case)
     assert reference(case, target, inputs, target.run(inputs.params, inputs.grads, case)).status == "fail"
+
+
+def test_probe_flags_a_target_declaring_cautious_decay_that_decays_everything():
+    """Negative control of the cautious decay relation: our Muon (which decays every entry) declared as
+    cautious fails it; declared as it is, it passes."""
+    from harness.robust_checks import probe_check
+
+    class CautiousClaim(OursMuon):
+        def conventions(self, case):
+            return dataclasses.replace(super().conventions(case), weight_decay_mask="cautious")
+
+    case = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0.1/steps1/gaussian/seed0")
+    inputs = make_inputs(case)
+    for target, status in ((CautiousClaim(), "fail"), (OursMuon(), "pass")):
+        traj = target.run(inputs.params, inputs.grads, case)
+        assert probe_check(case, target, inputs, traj).status == status
