@@ -116,20 +116,22 @@ SCHEDULES: dict[str, tuple[tuple[Coefficients, ...], float]] = {
     "pe4dp": (POLAR_EXPRESS_4DP, 1.0),
 }
 """Every other schedule a built-in adapter declares, by the name its keys carry after the class ("poly-mild:you"):
-name -> (coefficients, factor on ||U||_F in the normaliser). Jiacheng You's quintics (heavyball, dion,
+name -> (coefficients, the factor on ||U||_F in the normaliser they are run with). Jiacheng You's quintics (heavyball, dion,
 gram-newton-schulz, emerging-optimizers), nanochat's Polar Express for safety 1.02 (dion, dtensor-muon),
 Polar Express / 1.05 (gram-newton-schulz), emerging-optimizers' 4-decimal Polar Express. Two schedules of one
-class need different coefficients (Keller Jordan's quintic needed c 0.10 on a rank-1 fp32 step where You's
-needed 0.42), so each is measured on its own (benchmarks/measure_tolerances.py --schedules NAME), by our
-optimizer running those coefficients, never by the peer."""
+class need different coefficients (on the rank-1 fp32 steps of
+muon/linear_row-1x16/mb2/noflat/fp32@fp32/ns/none/nesterov/wd0/steps3/lowrank/seed0 our optimizer needs c 0.007
+with Keller Jordan's quintic, 0.99 with You's), so each is measured on its own, by our optimizer running those
+coefficients (benchmarks/measure_tolerances.py --schedules NAME), never by the peer."""
 
 
 def schedule_name(spec: Orthogonalizer) -> str:
-    """The name of a declared polynomial schedule: "" for one of OWN_SCHEDULES, its SCHEDULES name, or
-    "x" and a digest of its coefficients and normaliser scale for any other (never measured)."""
-    declared = (tuple(spec.schedule), spec.normaliser.scale)
-    for name, (coefficients, scale) in {**OWN_SCHEDULES, **SCHEDULES}.items():
-        if declared == (tuple(coefficients), scale):
+    """The name of a declared polynomial schedule, by its coefficients: "" for one of OWN_SCHEDULES, its
+    SCHEDULES name, or "x" and a digest of the coefficients for any other (never measured). The normaliser is
+    not part of it: where it puts the singular values is in the amplification A."""
+    declared = tuple(spec.schedule)
+    for name, (coefficients, _) in {**OWN_SCHEDULES, **SCHEDULES}.items():
+        if declared == tuple(coefficients):
             return "" if name in OWN_SCHEDULES else name
     return "x" + hashlib.sha256(repr(declared).encode()).hexdigest()[:8]
 
