@@ -5,7 +5,13 @@ A tolerance bounds the normwise relative error of an update (see harness.metrics
   ||err||_F <= rtol ||delta_ref||_F + STORAGE_ULPS ||ulp_param(x_ref)||_F
 
 For member i at step k of a case, judged on device class D:
-  rtol = max(c(key) * u * max(1, A), RTOL_FLOOR_UNITS * u(compute))
+  rtol = max(c(key) * u * max(1, A), RTOL_FLOOR_UNITS * u(floor format))
+  floor format: the coarsest of the declared compute format and the formats the target DECLARES it
+         holds its scalars in (lr: Conventions.lr_dtype; the momentum coefficients: the opmath of
+         Conventions.state_dtype). The oracle rounds each scalar to its format once; a target that
+         forms one by another formula in that format (heavyball's bias correction through expm1 and
+         log1p in fp32) lands a few of its units away: real, harmless, within the floor, and said so
+         in the source. It moves only fp64 compute with fp32 scalars.
   u    = unit roundoff of the coarser of the parameter format (the momentum buffer the target keeps)
          and the compute format the target DECLARES (Conventions.compute_dtype);
   A    = amplification of the declared orthogonalizer at the singular values of that step's
@@ -46,7 +52,7 @@ from oracles import Conventions, Orthogonalizer
 from oracles.coefficients import (GNS_SAFETY, POLAR_EXPRESS_4DP, POLAR_EXPRESS_RAW, POLAR_EXPRESS_SAFETY,
                                   POLAR_EXPRESS_SAFETY_102, YOU_QUINTICS, Coefficients, newton_schulz_schedule,
                                   polar_express_schedule, safety_scaled)
-from oracles.rounding import machine_epsilon
+from oracles.rounding import machine_epsilon, opmath
 
 STORAGE_ULPS = 1.0
 """Writing X <- X(1 - lr wd) - lr s O into the parameter dtype rounds twice, half an ulp each."""
@@ -229,9 +235,10 @@ class CasePolicy:
     measured: Measurement
     evidence_note: str
     sensitivities: list[list[Sensitivity]]
+    floor_format: str
 
     def floor(self) -> float:
-        return RTOL_FLOOR_UNITS * unit_roundoff(self.key.compute_dtype)
+        return RTOL_FLOOR_UNITS * unit_roundoff(self.floor_format)
 
     def rtol(self, amplification: float) -> float:
         return max(self.coefficient * self.u * max(1.0, amplification), self.floor())
@@ -239,7 +246,8 @@ class CasePolicy:
     def _source(self, s: Sensitivity, prefix: str = "") -> str:
         rtol = self.rtol(s.amplification)
         at_floor = rtol == self.floor()
-        floored = f" (floor {RTOL_FLOOR_UNITS:g} u({self.key.compute_dtype}); derived" if at_floor else " ="
+        scalars = "" if self.floor_format == self.key.compute_dtype else " (its declared lr or momentum scalars)"
+        floored = f" (floor {RTOL_FLOOR_UNITS:g} u({self.floor_format}){scalars}; derived" if at_floor else " ="
         closing = ")" if at_floor else ""
         return (f"{prefix}derived {self.key}: rtol {rtol:.3g}{floored} c {self.coefficient:g} x "
                 f"u({self.u_format}) {self.u:.3g} x amplification {max(1.0, s.amplification):.3g} of the "
@@ -291,8 +299,9 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
         raise NoEntry(f"the tolerance policy has no entry for {key} on {device} ({how})")
     measured = found.entries[str(key)]
     u_format = max((case.param_dtype, conv.compute_dtype), key=unit_roundoff)
+    floor_format = max((conv.compute_dtype, conv.lr_dtype, opmath(conv.state_dtype)), key=unit_roundoff)
     return CasePolicy(key, unit_roundoff(u_format), u_format, coefficient(measured.worst), measured,
-                      f"{note}, {found.meta.get('date', '?')}", sens)
+                      f"{note}, {found.meta.get('date', '?')}", sens, floor_format)
 
 
 EXACT = Tolerance(0.0, 0.0, "exact: two runs of the same arithmetic in fp64 must agree bitwise")

@@ -345,3 +345,24 @@ def test_a_key_with_little_measured_error_keeps_the_floor():
     assert tolerance.coefficient(0.0085) == tolerance.COEFFICIENT_FLOOR  # the worst it had then: now the floor
     got = checks_of(FLOOR_CASE, OursMuon())["reference"]
     assert got.status == "skipped" and got.message.startswith("ill-posed"), (got.status, got.message)
+
+
+def test_the_floor_follows_the_scalar_formats_a_target_declares():
+    """A target holding lr or its momentum coefficients in fp32 while it computes fp64 forms them in
+    fp32, maybe by another formula than the oracle's one rounding (heavyball's bias correction through
+    expm1/log1p): a few fp32 units of the update, real and harmless. The floor is 8 u of the coarsest
+    declared scalar format; our own fp64 arithmetic keeps the fp64 floor, and fp32 compute keeps its own."""
+    case = Case.from_id("muon/linear-12x20/mb1/noflat/fp64@fp64/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0")
+    grads = [[f64(g) for g in step] for step in make_inputs(case).grads]
+    ours = OursMuon().conventions(case)
+    fp32_scalars = dataclasses.replace(ours, lr_dtype="fp32", state_dtype="fp32")
+    plain = tolerance.for_case(case, ours, grads, "cpu")
+    held = tolerance.for_case(case, fp32_scalars, grads, "cpu")
+    assert plain.floor() == 8 * tolerance.unit_roundoff("fp64")
+    assert held.floor() == 8 * tolerance.unit_roundoff("fp32")
+    assert "floor 8 u(fp32) (its declared lr or momentum scalars)" in held.at(0, 0).source
+    fp32_case = Case.from_id(case.id.replace("fp64@fp64", "fp32@fp32"))
+    fp32_grads = [[f64(g) for g in step] for step in make_inputs(fp32_case).grads]
+    fp32 = OursMuon().conventions(fp32_case)
+    assert (tolerance.for_case(fp32_case, dataclasses.replace(fp32, lr_dtype="fp32"), fp32_grads, "cpu").floor()
+            == tolerance.for_case(fp32_case, fp32, fp32_grads, "cpu").floor())
