@@ -46,6 +46,7 @@ import functools
 import json
 import math
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -192,20 +193,28 @@ def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajector
                             skipped=True)
     a = target.run(inputs.params, inputs.grads, decayed)
     b = target.run(inputs.params, inputs.grads, plain)
+    metrics, where = _stepwise(case, inputs, a, b, lambda a_prev, a_new, b_step: decay_expected(
+        a_prev, b_step, case, conv, PROBE_WEIGHT_DECAY, a_new))
+    tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"decay relation at weight decay {PROBE_WEIGHT_DECAY:g}: exact up to "
+                                               f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
+    return base.Outcome("probe", metrics, tol, f"decay relation, wd {PROBE_WEIGHT_DECAY:g} vs 0: "
+                                               + base.describe(metrics, where, tol))
+
+
+def _stepwise(case: Case, inputs: Inputs, a: base.Trajectory, b: base.Trajectory,
+              expected: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> tuple[Metrics, str]:
+    """The worst step of run `a` against `expected(a_prev, a_new, b_step)`, each run stepping from
+    its own previous parameter (b_step: run b's step there), exact up to PROBE_ULPS ulps of the
+    parameter dtype, member by member and step by step."""
     pairs = []
     for i, p0 in enumerate(inputs.params):
         a_prev = b_prev = f64(p0)
         for k in range(case.steps):
             a_new, b_new = f64(a[k][i]), f64(b[k][i])
-            expected = decay_expected(a_prev, b_new - b_prev, case, conv, PROBE_WEIGHT_DECAY, a_new)
-            pairs.append((compare_step(a_prev, a_new, expected, case.param_dtype, 0.0, PROBE_ULPS),
-                          f"member {i} step {k + 1}"))
+            pairs.append((compare_step(a_prev, a_new, expected(a_prev, a_new, b_new - b_prev), case.param_dtype,
+                                       0.0, PROBE_ULPS), f"member {i} step {k + 1}"))
             a_prev, b_prev = a_new, b_new
-    metrics, where = base.worst_of(pairs)
-    tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"decay relation at weight decay {PROBE_WEIGHT_DECAY:g}: exact up to "
-                                               f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
-    return base.Outcome("probe", metrics, tol, f"decay relation, wd {PROBE_WEIGHT_DECAY:g} vs 0: "
-                                               + base.describe(metrics, where, tol))
+    return base.worst_of(pairs)
 
 
 def _eps_visible(case: Case, conv: Conventions, inputs: Inputs) -> str | None:
@@ -242,15 +251,7 @@ def rescale_check(case: Case, target: Target, inputs: Inputs, traj: base.Traject
         return base.Outcome("rescale", base.NO_METRICS, None, why, skipped=True)
     scaled = inputs.scaled(base.SCALE_FACTOR)
     other = target.run(scaled.params, scaled.grads, case)
-    pairs = []
-    for i, p0 in enumerate(inputs.params):
-        a_prev = b_prev = f64(p0)
-        for k in range(case.steps):
-            a_new, b_new = f64(traj[k][i]), f64(other[k][i])
-            pairs.append((compare_step(a_prev, a_new, a_prev + (b_new - b_prev), case.param_dtype, 0.0, PROBE_ULPS),
-                          f"member {i} step {k + 1}"))
-            a_prev, b_prev = a_new, b_new
-    metrics, where = base.worst_of(pairs)
+    metrics, where = _stepwise(case, inputs, traj, other, lambda a_prev, a_new, b_step: a_prev + b_step)
     tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"scale relation, gradients x {base.SCALE_FACTOR:g}: exact up to "
                                                f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
     return base.Outcome("rescale", metrics, tol, f"gradients x {base.SCALE_FACTOR:g} vs x 1: "

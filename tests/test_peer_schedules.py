@@ -8,8 +8,6 @@ with `shape_scaling`) failed the CI case ROW_YOU at ratio 1.65 under it."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -21,6 +19,7 @@ from harness.runner import run_case
 from harness.targets import load_target
 from harness.targets.ours import OursMuon
 from oracles import Orthogonalizer
+from test_tolerance import MEASURE  # benchmarks/measure_tolerances.py, loaded once there
 
 ROW_YOU = "muon/linear_row-1x16/mb2/noflat/fp32@fp32/ns/{lr}/nesterov/wd0/steps3/lowrank/seed0"
 """The CI case of the false alarm (lr spectral_norm); with lr none our optimizer's step on a 1 x 16 matrix
@@ -39,15 +38,6 @@ PEER_SCHEDULES = {
 """The key schedule of every orthogonalizer each built-in peer adapter runs (ns, pe, gns cases)."""
 
 
-def _measure_module():
-    path = Path(__file__).parents[1] / "benchmarks" / "measure_tolerances.py"
-    spec = importlib.util.spec_from_file_location("measure_tolerances", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MEASURE = _measure_module()
 
 
 CPU_DTYPES = {"deepspeed-gram": "fp32", "deepspeed-standard": "bf16"}
