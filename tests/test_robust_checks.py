@@ -4,6 +4,9 @@ bf16 (decay after the update, a coefficient off in its fourth digit)
 fail them."""
 
 import dataclasses
+import importlib.util
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,3 +110,22 @@ def test_spectrum_pairs_by_the_directions_singular_vectors_not_by_sorting():
     judged = (p * (f * [1.0, 1.0, 1.5])) @ q.T  # the smallest sigma's f(sigma) now sorts first
     logs = robust_checks.spectrum_logs(judged[None], wanted[None], direction[None], 2.0**-8, np.zeros(1))
     assert np.allclose(logs, [0.0, 0.0, np.log(1.5)], atol=1e-12)
+
+
+def _noise_measurement():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "measure_bf16_noise.py"
+    spec_ = importlib.util.spec_from_file_location("measure_bf16_noise", path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    return module
+
+
+def test_noise_merge_keeps_each_statistics_worst_sums_counts_and_drops_stale_keys(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"date": "2026-11-29", "cases": {"k": 3, "stale": 5},
+                               "worst": {"k": {"norm": 0.5, "decay": 0.01}, "stale": {"norm": 9.0}}}))
+    worst, counts, commands = _noise_measurement().merged({"k": {"norm": 0.2, "decay": 0.03}}, {"k": 10}, [old],
+                                                          "^stale$")
+    assert worst == {"k": {"decay": 0.03, "norm": 0.5}} and counts == {"k": 13}
+    assert commands == ["python benchmarks/measure_bf16_noise.py  # old.json of 2026-11-29"]
+
