@@ -15,12 +15,14 @@ as benchmarks/measure_tolerances.py --drawn) that the robust checks judge: any m
 any seed, weight decay and fraction, so the noise of every key is measured where the property tests
 reach it, not only on seed 0 at megabatch 1 (a drawn linear_row case with tiny gradients measured
 its norm statistic at 1.1x the tolerance its key's 26 seed-0 cases gave). --tier none measures drawn
-cases alone; --skip REGEX leaves out cases whose id matches; --merge FILE ... folds earlier
+cases alone; --seeds N measures every grid point at seeds 0..N-1 (the noise of a
+matrix with one singular value, linear_row, is its one scalar's rounding: no averaging, so its worst
+needs more draws); --skip REGEX leaves out cases whose id matches; --merge FILE ... folds earlier
 measurement files into --out (per key and statistic the worst of all, counts summed; the measuring
 commands listed in "commands"), --drop REGEX leaving out their keys that match (stale ones, measured
 before their statistic changed).
 
-  python benchmarks/measure_bf16_noise.py [--jobs N] [--out harness/bf16_noise.json] [--tier ci|none]
+  python benchmarks/measure_bf16_noise.py [--jobs N] [--out harness/bf16_noise.json] [--tier ci|none] [--seeds N]
       [--skip REGEX] [--drawn N --drawn-seed S --optimizers NAME ...] [--merge FILE ... [--drop REGEX]]
 """
 
@@ -51,8 +53,8 @@ MEASURED_FRACTION = 0.5
 """The fraction of slices Dion2 and NorDion2 select in the measurement."""
 
 
-def measurement_cases() -> list[Case]:
-    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov."""
+def measurement_cases(seeds: int = 1) -> list[Case]:
+    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov and seeds 0..seeds-1."""
     out = []
     cycle = itertools.count()
     # Gram Newton-Schulz last, so that adding it left the other keys' cases (and lr modes) as they were.
@@ -63,7 +65,7 @@ def measurement_cases() -> list[Case]:
             continue
         for layer, (_, shape) in axes.LAYERS.items():
             selecting = optimizer in axes.SELECTING
-            for flatten, nesterov, seed, grad in itertools.product((False, True), (False, True), (0,),
+            for flatten, nesterov, seed, grad in itertools.product((False, True), (False, True), range(seeds),
                                                                    robust_checks.GRADIENTS):
                 if (flatten and len(shape) < 3) or (selecting and nesterov):
                     continue
@@ -110,6 +112,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=robust_checks.NOISE_FILE)
     parser.add_argument("--tier", default="ci", choices=("ci", "none"),
                         help="ci: the cases above; none: only --drawn cases")
+    parser.add_argument("--seeds", type=int, default=1, help="ci: case seeds 0..N-1 at every grid point")
     parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")
     parser.add_argument("--drawn", type=int, default=0, help="also the judged cases among N drawn by the "
                         "property tests' strategy")
@@ -119,9 +122,9 @@ def main() -> int:
     parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
     args = parser.parse_args()
     missing = [str(p) for p in args.merge if not p.is_file()]
-    if args.drawn < 0 or missing:
-        parser.error(f"--drawn must be >= 0; --merge: no such file {missing}" if missing else "--drawn must be >= 0")
-    cases = measurement_cases() if args.tier == "ci" else []
+    if args.drawn < 0 or args.seeds < 1 or missing:
+        parser.error(f"--merge: no such file {missing}" if missing else "--drawn must be >= 0 and --seeds >= 1")
+    cases = measurement_cases(args.seeds) if args.tier == "ci" else []
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers))
               if robust_checks.applies(c, c.compute_dtype) and c not in set(cases)]
     ids = [c.id for c in cases if not (args.skip and re.search(args.skip, c.id))]
