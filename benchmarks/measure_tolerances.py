@@ -9,6 +9,13 @@ Per policy key (optimizer, param@compute, schedule class, conditioning class) th
 worst c (the policy's coefficient is derived from it: harness/tolerance.py), the median, the number
 of runs and the worst run's id.
 
+Schedules a peer declares other than ours (harness/tolerance.py SCHEDULES: Jiacheng You's quintics,
+other Polar Express tables) are measured with --schedules NAME ...: every selected polynomial case run by
+our optimizer with that schedule's coefficients and normaliser scale in place of its own (the standard
+iteration, or the Gram one with our restarts on a Gram case): a correct implementation of the declared
+schedule, never the peer. "newton_schulz" on the Gram cases measures Keller Jordan's quintic under the
+Gram iteration (DeepSpeed's gram method). With --schedules only those runs are made (merge them in).
+
 Declared compute formats the tiers lack are measured by running the same polynomial cases with
 Muon's compute dtype replaced: fp64 parameters computed in bf16 and in fp16, fp32 and bf16
 parameters computed in fp16 (Gram Newton-Schulz peers compute in fp16). "huge" and "tiny" gradients
@@ -20,7 +27,7 @@ counted (no rtol judges them).
   python benchmarks/measure_tolerances.py --device cuda --out harness/tolerance_measured/cuda.json
       [--tier ci|nightly] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
       [--drawn N --drawn-seed S --optimizers NAME ... --per-key K] [--merge FILE ... [--drop REGEX]]
-      [--shard I/N]
+      [--shard I/N] [--schedules NAME ...]
 
 --drawn N also measures N cases drawn from cases.strategies.cases, the strategy the property tests
 draw from (tests/test_properties.py, tests/test_dion2.py): any CI-sized layer, megabatch, 1-3 steps,
@@ -45,9 +52,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import platform
 import re
+import shlex
 import sys
 import time
 from collections import Counter, defaultdict
@@ -65,7 +74,11 @@ from harness.dtypes import TORCH_DTYPES
 from harness.inputs import f64, make_inputs
 from harness.metrics import compare_step
 from harness.targets.ours import OursMuon
-from oracles import Conventions
+from optimizers import REGISTRY
+from optimizers import gram_newton_schulz as gram
+from optimizers.algorithms.base import Group
+from optimizers.algorithms.muon import default_compute_dtype
+from oracles import Conventions, Orthogonalizer
 
 VARIANTS = {("fp64", "fp32"): ("bf16", "fp16"), ("fp32", "bf16"): ("fp16",), ("bf16", "bf16"): ("fp16",)}
 """(param, compute) of a tier case -> the other compute formats its polynomial cases are also run in."""
@@ -85,6 +98,63 @@ class DeclaredCompute(OursMuon):
         return {**super().options(case), "compute_dtype": TORCH_DTYPES[self.compute]}
 
 
+def declared_polynomial(coefficients: tuple, scale: float, mats: torch.Tensor, group: Group) -> torch.Tensor:
+    """Muon's orthogonalize stage running `coefficients` from X / (scale ||X||_F + eps) in the group's compute
+    dtype: the Gram iteration (our restarts) for a Gram group; else the standard one on the wide orientation,
+    evaluated op by op as the peers write it, A = X X^T, B = bA + cA^2, X = aX + BX, each product and sum
+    rounded (our optimizer fuses them into fewer roundings: with You's quintics on rank-1 fp32@bf16 steps
+    the fused form measured a worst c of 0.38 where dion needed 1.35, this form 1.35)."""
+    compute = group["compute_dtype"] or default_compute_dtype(mats.device)
+    if group["orthogonalizer"] == "gram_newton_schulz":
+        return gram.gram_newton_schulz(mats, coefficients, scale, group["eps"], compute,
+                                       tuple(group["gram_restarts"]), gram.STATS)
+    x = mats.to(compute)
+    tall = x.size(-2) > x.size(-1)
+    x = x.mT if tall else x
+    x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) * scale + group["eps"])
+    for a, b, c in coefficients:
+        products = x @ x.mT
+        x = a * x + (b * products + c * (products @ products)) @ x
+    return (x.mT if tall else x).to(mats.dtype)
+
+
+MEASURABLE = {**tolerance.OWN_SCHEDULES, **tolerance.SCHEDULES}
+"""Schedules --schedules takes: the named peer schedules, and ours by option name (on a Gram case,
+"newton_schulz" is Keller Jordan's quintic under the Gram iteration, which our tiers' Gram cases do not run)."""
+
+
+class DeclaredSchedule(OursMuon):
+    """optimizers.Muon (any of its algorithms) with its polynomial replaced by schedule `name` of
+    MEASURABLE, declared as such: what a correct peer declaring that schedule computes."""
+
+    def __init__(self, name: str) -> None:
+        if name not in MEASURABLE:
+            raise ValueError(f"unknown schedule {name!r}; expected one of {sorted(MEASURABLE)}")
+        self.schedule = name
+
+    def conventions(self, case: Case) -> Conventions:
+        conv = super().conventions(case)
+        coefficients, scale = MEASURABLE[self.schedule]
+        orth = Orthogonalizer.polynomial(coefficients, eps=conv.orthogonalizer.normaliser.eps, scale=scale)
+        return dataclasses.replace(conv, orthogonalizer=dataclasses.replace(
+            orth, iteration=conv.orthogonalizer.iteration))
+
+    def options(self, case: Case) -> dict:
+        options = super().options(case)
+        coefficients, scale = MEASURABLE[self.schedule]
+        stage = functools.partial(declared_polynomial, tuple(coefficients), scale)
+        return {**options, "algorithm": dataclasses.replace(REGISTRY[options["algorithm"]], orthogonalize=stage)}
+
+
+def label(target: OursMuon) -> str:
+    """How a measured run's target differs from our Muon on its case ("" for ours)."""
+    if isinstance(target, DeclaredSchedule):
+        return f" with schedule {target.schedule}"
+    if isinstance(target, DeclaredCompute):
+        return f" computed in {target.compute}"
+    return ""
+
+
 OUT_OF_FP16_RANGE = ("huge", "tiny")
 """Gradient kinds outside fp16's range, left out of every fp16 variant: 1e10 overflows it (the oracle's
 rounded direction is then infinite); 1e-10 underflows its smallest subnormal (6e-8), so the reference,
@@ -98,8 +168,11 @@ def single(case: Case) -> Case:
     return dataclasses.replace(case, layout="single", world_size=1, scope=None)  # one process: no selection scope
 
 
-def runs(cases: list[Case]) -> list[tuple[Case, OursMuon]]:
-    """Every case with our Muon, then the declared-compute variants of its polynomial cases."""
+def runs(cases: list[Case], schedules: tuple[str, ...] = ()) -> list[tuple[Case, OursMuon]]:
+    """Every case with our Muon, then the declared-compute variants of its polynomial cases; with
+    `schedules`, instead, every polynomial case with each named schedule."""
+    if schedules:
+        return [(c, DeclaredSchedule(name)) for name in schedules for c in cases if c.orthogonalizer != "svd"]
     out: list[tuple[Case, OursMuon]] = [(c, OursMuon()) for c in cases]
     for c in cases:
         for compute in VARIANTS.get((c.param_dtype, c.compute_dtype), ()):
@@ -183,7 +256,7 @@ def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[to
     out = []
     scaled = [] if unscalable(target.conventions(case).compute_dtype) else [
         (base.scaled(SCALE_FACTOR), f" scaled x {SCALE_FACTOR:g}")]
-    for inputs, label in [(base, ""), *scaled]:
+    for inputs, suffix in [(base, ""), *scaled]:
         traj = target.run(inputs.params, inputs.grads, case)
         conv = target.conventions(case)
         sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in inputs.grads])
@@ -200,7 +273,7 @@ def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[to
             needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
             i, k = divmod(n, case.steps)
             worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
-        out.append((tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst, label))
+        out.append((tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst, suffix))
     return out
 
 
@@ -222,6 +295,9 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
     parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
+    parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
+                        help="measure these schedules (harness/tolerance.py SCHEDULES, or ours by name) on the "
+                        "polynomial cases, run by our optimizer, instead of the cases' own")
     parser.add_argument("--per-key", type=int, default=0, help="skip a case whose key already has this many "
                         "measured cases (--merge files count): time goes to the keys few cases reach")
     args = parser.parse_args()
@@ -244,7 +320,7 @@ def main() -> None:
     shard, shards = (int(x) for x in args.shard.split("/"))
     if not 0 <= shard < shards:
         parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N")
-    todo = runs(cases)[shard::shards]
+    todo = runs(cases, tuple(args.schedules))[shard::shards]
     found: dict[tolerance.Key, list[tuple[float, str]]] = defaultdict(list)
     counts = Counter({k: v["n"] for k, v in merged({}, args.merge, args.drop)[0].items()})
     ill_posed = skipped = ran = 0
@@ -256,10 +332,9 @@ def main() -> None:
         attempted = 1 if unscalable(target.conventions(case).compute_dtype) else 2
         ran += attempted
         ill_posed += attempted - len(got)
-        for key, worst, label in got:
+        for key, worst, scaled in got:
             counts[str(key)] += 1
-            found[key].append((worst, case.id + ("" if type(target) is OursMuon else f" computed in {target.compute}")
-                                + label))
+            found[key].append((worst, case.id + label(target) + scaled))
         if n % 100 == 0 or n == len(todo):
             spent = time.perf_counter() - start
             print(f"[{n}/{len(todo)}] {spent:.0f}s, ~{spent / n * (len(todo) - n):.0f}s left", file=sys.stderr,
@@ -276,7 +351,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
     meta = {"command": " ; ".join(dict.fromkeys(
-                measuring_commands("python benchmarks/measure_tolerances.py " + " ".join(sys.argv[1:])) + commands)),
+                measuring_commands("python benchmarks/measure_tolerances.py " + shlex.join(sys.argv[1:])) + commands)),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
             "cases": len(cases) + int(totals["cases"]), "runs": ran + int(totals["runs"]),

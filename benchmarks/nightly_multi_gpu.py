@@ -20,7 +20,7 @@ process group, so the harness writes the cases it finished, marked incomplete; S
 `KILL_GRACE` s) when the budget runs out, `RESERVE` s before it ends, to leave time for the
 files. What ran is written either way.
 
-Outputs, in benchmarks/results/<date>-<gpu kind>-torch<version>-ws<N>/ (`--results` to move it; a
+Outputs, in benchmarks/results/<date>-<gpu kind>x<gpus>-torch<version>-ws<gpus>/ (`--results` to move it; a
 folder of that name already there is kept, and this run takes the name with -2, -3, ...):
   runs/<backend>-ws<w>/    the stored run of each launch (results.parquet, summary.md, run.json, ...);
                            a split CPU twin's parts beside it, runs/gloo-ws<w>-part<j>/
@@ -129,9 +129,10 @@ def gpu_kind() -> str:
 
 
 def result_folder(results: Path, gpus: int, when: datetime.date) -> Path:
-    """results/<date>-<gpu kind>-torch<version>-ws<N>."""
+    """results/<date>-<gpu kind>x<gpus>-torch<version>-ws<gpus>, named
+    like the device kind that ran it (nvidia-h200x4: four H200s)."""
     version = torch.__version__.split("+")[0]
-    return results / f"{when.isoformat()}-{gpu_kind()}-torch{version}-ws{gpus}"
+    return results / f"{when.isoformat()}-{gpu_kind()}x{gpus}-torch{version}-ws{gpus}"
 
 
 def free_name(folder: Path) -> Path:

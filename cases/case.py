@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cases import axes, layouts
+from cases import axes, layouts, schema
 
 
 @dataclass(frozen=True)
@@ -129,21 +129,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        return "/".join([
-            self.optimizer_token,
-            f"{self.layer}-{self.shape_text}",
-            f"mb{self.megabatch}",
-            "flat" if self.flatten else "noflat",
-            f"{self.param_dtype}@{self.compute_dtype}",
-            axes.ORTH_TOKENS[self.orthogonalizer],
-            self.adjust_lr,
-            "nesterov" if self.nesterov else "plain",
-            f"wd{self.weight_decay:g}",
-            f"steps{self.steps}",
-            self.grad,
-            f"seed{self.seed}",
-            *layouts.id_tokens(self.layout, self.world_size),
-        ])
+        """Its tokens in the order of cases/schema.py `TOKENS`."""
+        return schema.write_id(self)
 
     @property
     def tensor_parallel(self) -> layouts.TensorParallel | None:
@@ -157,29 +144,12 @@ class Case:
 
     @classmethod
     def from_id(cls, case_id: str) -> "Case":
-        """Parse an id made by `Case.id`; ValueError names the token that does not fit."""
-        tokens = case_id.split("/")
-        if len(tokens) not in (12, 14):
-            raise ValueError(f"not a case id (expected 12 '/'-separated tokens, or 14 for a distributed case, "
-                             f"got {len(tokens)}): {case_id!r}")
-        opt, layer_shape, mb, flat, dtypes, orth, adjust, nest, wd, steps, grad, seed = tokens[:12]
-        layer, _, shape_text = layer_shape.rpartition("-")
-        orth_names = {v: k for k, v in axes.ORTH_TOKENS.items()}
-        param_dtype, _, compute_dtype = dtypes.partition("@")
-        opt, *selection = opt.split("-")
+        """Parse an id made by `Case.id` (cases/schema.py reads its tokens); ValueError names the token
+        that does not fit."""
         try:
-            if len(selection) > 2 or (selection and not selection[0].startswith("f")):
-                raise ValueError(f"optimizer token {tokens[0]!r} must read NAME[-f<fraction>[-<scope>]]")
-            fraction = float(selection[0].removeprefix("f")) if selection else None
-            scope = selection[1] if len(selection) == 2 else None
-            case = cls(layer=layer, megabatch=int(mb.removeprefix("mb")), flatten={"flat": True, "noflat": False}[flat],
-                       param_dtype=param_dtype, compute_dtype=compute_dtype, orthogonalizer=orth_names[orth],
-                       adjust_lr=adjust, nesterov={"nesterov": True, "plain": False}[nest],
-                       weight_decay=float(wd.removeprefix("wd")), steps=int(steps.removeprefix("steps")),
-                       grad=grad, seed=int(seed.removeprefix("seed")), optimizer=opt, fraction=fraction,
-                       scope=scope, **layouts.parse_tokens(tokens[12:]))
+            case = cls(**schema.read_id(case_id))
         except (KeyError, ValueError) as exc:
             raise ValueError(f"not a case id: {case_id!r} ({exc})") from None
-        if case.shape_text != shape_text or case.id != case_id:
+        if case.id != case_id:
             raise ValueError(f"not a canonical case id: {case_id!r} (canonical: {case.id!r})")
         return case

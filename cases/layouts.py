@@ -10,7 +10,7 @@ Whether a sharded layout is even, uneven or has empty shards follows from the sh
 the world size; `detail` names it. The split is written out here again, independently
 of optimizers/distributed.py, because it is part of the specification cases are built on.
 
-A distributed case id ends in two more tokens, `/<layout>/ws<W>`.
+A distributed case id ends in two more tokens, `/<layout>/ws<W>` (cases/schema.py).
 
 Tensor-parallel layouts (2-D parameters; optimizers/tensor_parallel.py) read
 
@@ -147,18 +147,3 @@ def detail(layout: str, world_size: int, shape: tuple[int, ...]) -> str:
         sizes = piece_sizes(shape[dim], world_size)
     kind = "empty" if 0 in sizes else "even" if len(set(sizes)) == 1 else "uneven"
     return f"{layout}-{kind}"
-
-
-def id_tokens(layout: str, world_size: int) -> list[str]:
-    """The id tokens of a layout: none for single, else [layout, ws<W>]."""
-    return [] if layout == "single" else [layout, f"ws{world_size}"]
-
-
-def parse_tokens(tokens: list[str]) -> dict[str, object]:
-    """Inverse of `id_tokens` (ValueError on a malformed world size)."""
-    if not tokens:
-        return {}
-    layout, ws = tokens
-    if not ws.startswith("ws"):
-        raise ValueError(f"world size token {ws!r} must read ws<W>")
-    return {"layout": layout, "world_size": int(ws.removeprefix("ws"))}

@@ -193,6 +193,22 @@ def _gram_newton_schulz(layers: Iterable[str], dtypes: tuple[tuple[str, str], ..
                    grad=_GRAM_GRADIENTS[i % len(_GRAM_GRADIENTS)])
 
 
+_GRAM_PEER_DTYPES = (("fp32", "fp32"), ("fp32", "bf16"), ("bf16", "bf16"))
+"""What the Gram peers compute in: DeepSpeed's gram method on CPU (fp32), gram-newton-schulz (bf16)."""
+
+
+def _gram_peers(layers: Iterable[str]) -> Iterator[Case]:
+    """Gram Newton-Schulz where the Gram peers can run it: Nesterov and lr mode spectral_norm (DeepSpeed's
+    only ones), each layer of every dtype pair of _GRAM_PEER_DTYPES, 4-D layers flattened and the others
+    not (as DeepSpeed views them); megabatch, decay, steps and gradient kind cycle."""
+    for i, (layer, (d, (pd, cd))) in enumerate(itertools.product(layers, enumerate(_GRAM_PEER_DTYPES))):
+        yield Case(layer=layer, megabatch=axes.MEGABATCH_SIZES[i % len(axes.MEGABATCH_SIZES)],
+                   flatten=len(axes.all_layers()[layer][1]) == 4, param_dtype=pd, compute_dtype=cd,
+                   orthogonalizer=axes.GRAM, adjust_lr="spectral_norm", nesterov=True,
+                   weight_decay=axes.WEIGHT_DECAYS[i % 2], steps=axes.STEPS[(i // 2) % 2],
+                   grad=_GRAM_GRADIENTS[(i // len(_GRAM_PEER_DTYPES) + 2 * d) % len(_GRAM_GRADIENTS)])
+
+
 _TP_HEADS = {"linear": 4, "linear_tall": 4, "linear_wide_big": 8}
 """Heads of each TP layer: whole heads in every TP shard at tp 2 and 4 (12 rows: 4 heads of 3)."""
 _TP_MESHES = ((1, 2), (1, 4), (2, 4))
@@ -230,6 +246,7 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
     "ci": [*(functools.partial(cases_of, s) for s in SPACES["ci"].values()),
            lambda: _bf16_envelope(axes.LAYERS),
            lambda: _gram_newton_schulz(axes.LAYERS, (("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16")), 2),
+           lambda: _gram_peers(axes.LAYERS),
            lambda: _dion2(_DION2_LAYERS, 2, _DION2_DTYPES, range(1)),
            lambda: _dion2_gradients("conv2d", ("lowrank", "zero", "huge")),
            lambda: _dion2_distributed(("conv2d", "linear_tall"), layouts.CI_WORLD_SIZES, range(1), every_size=False),
@@ -238,6 +255,7 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
                 lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
+                lambda: _gram_peers(axes.all_layers()),
                 lambda: _dion2(tuple(axes.all_layers()), 6, axes.DTYPE_PAIRS, range(2)),
                 lambda: _dion2_gradients("conv2d_big", axes.GRADIENTS[1:]),
                 lambda: _dion2_distributed(("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d",

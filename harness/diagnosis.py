@@ -11,6 +11,7 @@ Rules, first match wins (each names its evidence in the line it writes):
                       something is computed per shard (orthogonalization, padding, ownership)
   non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
   normaliser-eps      scale fails alone (the step changes when gradients are scaled by 2^10), or
+                      the bf16 scale relation (rescale) fails, or
                       reference fails while scale holds, or the error shrinks by more than
                       EPS_SHRINK when the gradients grow 2^10 (both checks' errors, or the case
                       rerun at scale: an error that vanishes at scale is the normaliser's eps)
@@ -24,6 +25,9 @@ Rules, first match wins (each names its evidence in the line it writes):
   momentum            the first step is within its tolerance and the error grows over the later ones
   orthogonalizer      none of the above: the orthogonalized matrix itself differs (coefficients,
                       normaliser, iteration count), its singular values against f(sigma) say how
+
+With bf16 involved, what a model leaves of the error is counted beyond a correct run's own error
+(ours', in quadrature): rounding noise is no part of any defect's structure.
 
 The structural rules rerun the case on the target (as drawn and with gradients x 2^10) (single-process cases only; ms) and
 look at the error of every step against the FP64 reference (harness.checks.reference_steps).
@@ -78,6 +82,17 @@ class Structure:
     step_factors: list[float]
     step_left: float
     shrink: float
+    error: float = 0.0
+    """||err|| / ||dref|| over the run."""
+    noise: float = 0.0
+    """The same of ours on the case where bf16 is involved (a correct run's own error), else 0."""
+
+    def beyond_noise(self, left: float) -> float:
+        """`left` (a fraction of the error a model leaves) less, in quadrature, the fraction a correct
+        run's own error accounts for: bf16 noise is no part of any model of a defect."""
+        if not (self.noise and self.error):
+            return left
+        return math.sqrt(max(0.0, left**2 - min(1.0, self.noise / self.error) ** 2))
 
 
 def structure(case: Case, target: Target) -> Structure:
@@ -123,12 +138,16 @@ def structure(case: Case, target: Target) -> Structure:
     err_total = math.sqrt(err_sq)
     rel = err_total / math.sqrt(den) if den else math.inf
     scaled = _relative_error(case, target, inputs.scaled(SCALE_FACTOR))
+    noise = 0.0
+    if "bf16" in (case.param_dtype, case.compute_dtype):
+        from harness.targets import load_target  # the targets import the runner, which imports this module
+        noise = _relative_error(case, load_target("ours"), inputs)
     return Structure(errors=[per_step[k] for k in sorted(per_step)], first_ok=first_ok, factor=factor,
                      factor_left=math.sqrt(left_sq) / err_total if err_total else 0.0,
                      along_param=float(np.mean(along)) if along else 0.0,
                      row_left=math.sqrt(row_left_sq) / err_total if err_total else 0.0,
                      step_factors=step_factors, step_left=math.sqrt(step_left_sq) / err_total if err_total else 0.0,
-                     shrink=rel / scaled if scaled else (math.inf if rel else 1.0))
+                     shrink=rel / scaled if scaled else (math.inf if rel else 1.0), error=rel, noise=noise)
 
 
 def _relative_error(case: Case, target: Target, inputs: Inputs) -> float:
@@ -185,6 +204,10 @@ def _from_robust(checks: dict[str, Record]) -> str | None:
     rows = checks.get("rows")
     if probe is not None and probe.failing:
         return f"weight-decay: the decay relation fails ({probe.message})"
+    rescale = checks.get("rescale")
+    if rescale is not None and rescale.failing:
+        return (f"normaliser-eps: the run with gradients x 2^10 does not repeat the run without, where the "
+                f"declared eps cannot tell them apart ({rescale.message})")
     if rows is not None and rows.failing:
         return f"per-row-state: the update's rows are rescaled against the reference's, row by row ({rows.message})"
     if spectrum is not None and spectrum.failing:
@@ -199,7 +222,7 @@ def _from_robust(checks: dict[str, Record]) -> str | None:
 
 def _constant_factor(s: Structure) -> str | None:
     """The lr-scale diagnosis when one constant factor (>= SCALE_OFF from 1) explains the error."""
-    if abs(s.factor - 1.0) > SCALE_OFF and s.factor_left < EXPLAINED:
+    if abs(s.factor - 1.0) > SCALE_OFF and s.beyond_noise(s.factor_left) < EXPLAINED:
         return (f"lr-scale: the step is {s.factor:.4g} x the reference's (a constant factor explains "
                 f"{1 - s.factor_left:.0%} of the error)")
     return None
@@ -219,11 +242,12 @@ def _from_structure(case: Case, s: Structure) -> str:
     scaled = _constant_factor(s)
     if scaled:
         return scaled
-    if s.step_factors and s.step_left < EXPLAINED and max(abs(c - 1.0) for c in s.step_factors) > SCALE_OFF:
+    if (s.step_factors and s.beyond_noise(s.step_left) < EXPLAINED
+            and max(abs(c - 1.0) for c in s.step_factors) > SCALE_OFF):
         return (f"lr-scale: each step is the reference's times its own factor ({min(s.step_factors):.4g} to "
                 f"{max(s.step_factors):.4g}; they explain {1 - s.step_left:.0%} of the error): the update's "
                 f"size is set wrong per parameter")
-    if s.row_left < EXPLAINED:
+    if s.beyond_noise(s.row_left) < EXPLAINED:
         return (f"per-row-state: one factor per output row explains {1 - s.row_left:.0%} of the error "
                 f"(row statistics or row normalisation)")
     if len(s.errors) > 1 and s.first_ok is not False and s.errors[0] < 0.25 * max(s.errors[1:]):

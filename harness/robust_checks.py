@@ -28,6 +28,11 @@ except `probe`, an exact relation:
             so each decayed step is the declared decay of its previous parameter plus the
             undecayed run's step, to the storage rounding (decay order, its lr, a decay
             missing or coupled into the gradient)
+  rescale   the scale relation, in which bf16 rounding cancels too: gradients x 2^10 (exact in
+            every format) repeat the run to the storage rounding wherever the declared
+            normaliser's eps is below half an fp32 ulp of s ||U|| (_eps_visible):
+            momentum is linear and the normaliser divides a power of two out exactly, so a
+            correct run repeats its own roundings (an eps far larger than declared)
 
 err = dX - dref with dX the target's step and dref the FP64 reference step from the same
 previous parameter (harness.checks.reference_steps). They apply where bf16 is involved
@@ -64,9 +69,16 @@ PROBE_WEIGHT_DECAY = 10.0
 """lr x wd = 0.2: decay after the update changes a step by a fifth of its update."""
 PROBE_ULPS = 2.0
 """The decayed step rounds twice (decay, update), each undecayed parameter once: 2 ulps bound them."""
+RESCALE_GRADIENTS = ("gaussian", "lowrank", "huge")
+"""Gradient kinds `rescale` judges: under tiny gradients the declared eps dominates the normaliser."""
 STATISTICS = ("norm", "decay", "sv_mean", "sv_spread", "row_spread")
 ALGORITHM_CHECKS = {"muon": {"spectrum": ("sv_mean", "sv_spread")}, "normuon": {"rows": ("row_spread",)}}
 """The robust checks beyond norm and probe, per algorithm, with the statistics each judges."""
+
+
+STATISTIC_CHECKS = {"norm": ("norm", "decay"),
+                    **{name: stats for checks in ALGORITHM_CHECKS.values() for name, stats in checks.items()}}
+"""The robust checks judging statistics (all but probe), with the statistics each judges."""
 
 
 def extra_statistics(optimizer: str) -> set[str]:
@@ -195,14 +207,26 @@ def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
 
 
 def decay_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case, conv: Conventions,
-                   weight_decay: float) -> np.ndarray:
+                   weight_decay: float, observed: np.ndarray) -> np.ndarray:
     """x_new of the run with `weight_decay` from its own x_prev, given the same step's update of the run
-    without decay (which orthogonalizes the same directions: decay never enters them)."""
+    without decay (which orthogonalizes the same directions: decay never enters them). Cautious decay
+    decays the entries where x_prev and the update O agree in sign; the undecayed step is -lr scale O, so
+    where it rounded to zero in the parameter format O's sign is not seen, and of the two values a
+    correct run can give there (decayed or not) the one nearer `observed` (the decayed run's x_new)."""
     scale = lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)
     lam = (case.lr if conv.weight_decay_lr == "base" else case.lr * scale) * weight_decay
-    if conv.weight_decay_order == "before":
-        return (1.0 - lam) * x_prev + undecayed_step
-    return (1.0 - lam) * (x_prev + undecayed_step)
+
+    def stepped(decay: np.ndarray | float) -> np.ndarray:
+        if conv.weight_decay_order == "before":
+            return decay * x_prev + undecayed_step
+        return decay * (x_prev + undecayed_step)
+
+    if conv.weight_decay_mask != "cautious":
+        return stepped(1.0 - lam)
+    expected = stepped(np.where(x_prev * -undecayed_step > 0.0, 1.0 - lam, 1.0))
+    decayed, kept = stepped(1.0 - lam), stepped(1.0)
+    nearer = np.where(np.abs(observed - decayed) < np.abs(observed - kept), decayed, kept)
+    return np.where(undecayed_step == 0.0, nearer, expected)
 
 
 def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
@@ -216,6 +240,10 @@ def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajector
         return base.Outcome("probe", base.NO_METRICS, None, f"probe case unsupported by the target: {why}",
                             skipped=True)
     conv = target.conventions(case)
+    if conv.rounding == "stochastic":
+        return base.Outcome("probe", base.NO_METRICS, None, f"ill-posed: the target rounds U to {conv.compute_dtype} "
+                            "stochastically, so the decayed and undecayed runs round differently and nothing cancels",
+                            skipped=True)
     a = target.run(inputs.params, inputs.grads, decayed)
     b = target.run(inputs.params, inputs.grads, plain)
     pairs = []
@@ -223,7 +251,7 @@ def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajector
         a_prev = b_prev = f64(p0)
         for k in range(case.steps):
             a_new, b_new = f64(a[k][i]), f64(b[k][i])
-            expected = decay_expected(a_prev, b_new - b_prev, case, conv, PROBE_WEIGHT_DECAY)
+            expected = decay_expected(a_prev, b_new - b_prev, case, conv, PROBE_WEIGHT_DECAY, a_new)
             pairs.append((compare_step(a_prev, a_new, expected, case.param_dtype, 0.0, PROBE_ULPS),
                           f"member {i} step {k + 1}"))
             a_prev, b_prev = a_new, b_new
@@ -232,6 +260,55 @@ def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajector
                                                f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
     return base.Outcome("probe", metrics, tol, f"decay relation, wd {PROBE_WEIGHT_DECAY:g} vs 0: "
                                                + base.describe(metrics, where, tol))
+
+
+def _eps_visible(case: Case, conv: Conventions, inputs: Inputs) -> str | None:
+    """Why the declared normaliser can tell the run with gradients x 2^10 from the run without, or None
+    where it cannot: for every matrix U the FP64 reference orthogonalizes, eps is below half an fp32 ulp
+    of s ||U||_F (form "plus": fl(s ||U|| + eps) is fl(s ||U||) at both scales, in fp32 or a coarser
+    format) or below s ||U||_F (form "clamp": max(s ||U||, eps) is s ||U||)."""
+    spec = conv.orthogonalizer
+    if spec.kind != "polynomial":
+        return f"not judged: a {spec.kind} orthogonalizer has no normaliser that divides the scale out"
+    directions = algorithm(case).directions(case, conv)
+    norms = []
+    for i in range(len(inputs.params)):
+        m = directions.initial
+        for k in range(case.steps):
+            m, mats = directions.step(m, f64(inputs.grads[k][i]))
+            norms.extend(float(np.linalg.norm(x)) for stack in (mats if isinstance(mats, list) else [mats]) for x in stack)
+    denominators = spec.normaliser.scale * np.asarray(norms)
+    # "plus" adds eps to s ||U||: invisible below half its fp32 ulp; "clamp" takes s ||U|| wherever it exceeds eps
+    bound = 0.5 * ulp(denominators, "fp32") if spec.normaliser.form == "plus" else denominators
+    if not np.all(spec.normaliser.eps < bound):
+        return (f"not judged: the declared normaliser eps {spec.normaliser.eps:g} can change the normaliser "
+                f"s ||U|| (smallest {denominators.min():.3g}, form {spec.normaliser.form!r}) at one scale and "
+                f"not the other")
+    return None
+
+
+def rescale_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+    """The scale relation, where bf16 rounding cancels: the target's run with gradients x 2^10 against
+    its own run without, step by step from each run's own previous parameter, exact up to PROBE_ULPS
+    ulps of the parameter dtype; judged where the declared eps is negligible (_eps_visible)."""
+    why = _eps_visible(case, target.conventions(case), inputs)
+    if why is not None:
+        return base.Outcome("rescale", base.NO_METRICS, None, why, skipped=True)
+    scaled = inputs.scaled(base.SCALE_FACTOR)
+    other = target.run(scaled.params, scaled.grads, case)
+    pairs = []
+    for i, p0 in enumerate(inputs.params):
+        a_prev = b_prev = f64(p0)
+        for k in range(case.steps):
+            a_new, b_new = f64(traj[k][i]), f64(other[k][i])
+            pairs.append((compare_step(a_prev, a_new, a_prev + (b_new - b_prev), case.param_dtype, 0.0, PROBE_ULPS),
+                          f"member {i} step {k + 1}"))
+            a_prev, b_prev = a_new, b_new
+    metrics, where = base.worst_of(pairs)
+    tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"scale relation, gradients x {base.SCALE_FACTOR:g}: exact up to "
+                                               f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
+    return base.Outcome("rescale", metrics, tol, f"gradients x {base.SCALE_FACTOR:g} vs x 1: "
+                                                 + base.describe(metrics, where, tol))
 
 
 @functools.cache
@@ -245,10 +322,15 @@ def _noise() -> dict[str, dict[str, float]]:
     return _noise_data()["worst"]
 
 
+def measured_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
+    """The measured worst |statistic| of ours for `case` run in `compute_dtype` (None if unmeasured)."""
+    return _noise().get(noise_key(case, compute_dtype))
+
+
 def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float]) -> base.Outcome:
     """Outcome of robust check `name` from its statistics: the worst |value| / tolerance."""
     key = noise_key(case, compute_dtype)
-    measured = _noise().get(key)
+    measured = measured_noise(case, compute_dtype)
     if measured is None:
         return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
     unmeasured = sorted(set(values) - set(measured))
@@ -280,7 +362,8 @@ def robust_applicable(case: Case, compute_dtype: str) -> list[str]:
     """Names of the robust checks for `case`, in the order they run."""
     if not applies(case, compute_dtype):
         return []
-    return ["norm", *ALGORITHM_CHECKS.get(case.optimizer, {}), "probe"]
+    return ["norm", *ALGORITHM_CHECKS.get(case.optimizer, {}), "probe",
+            *(["rescale"] if case.grad in RESCALE_GRADIENTS else [])]
 
 
 def norm_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
@@ -306,7 +389,8 @@ def rows_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
     return judge("rows", case, target.conventions(case).compute_dtype, {"row_spread": got["row_spread"]})
 
 
-CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "rows": rows_check, "probe": probe_check}
+CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "rows": rows_check, "probe": probe_check,
+          "rescale": rescale_check}
 
 # Last: harness.checks registers CHECKS above, and these checks use its helpers at call time, so
 # either module may be imported first.

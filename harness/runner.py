@@ -1,8 +1,9 @@
 """Runs cases against a target and turns every check into a `Record`.
 
-Single-process cases run here (cpu or cuda backend); distributed cases run on a pool of
-ranks (gloo or nccl, harness/pool.py), or on the ranks of torchrun, and are judged here
-from the pieces the ranks send back (harness/distributed_checks.py).
+One path for every layout: the target steps a case over its layout and every check judges the
+pieces that came back (harness/distributed_checks.py). A single-process case (world size 1) steps
+here (cpu or cuda backend); a distributed one on a pool of ranks (gloo or nccl, harness/pool.py),
+or on the ranks of torchrun.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from typing import Callable, Iterable, TextIO
 
 import torch
 
-from cases import Case
+from cases import Case, schema
 from harness import backends, diagnosis, distributed_checks
 from harness.backends import Backend
-from harness.checks import CHECKS, Outcome, applicable
+from harness.checks import Outcome
 from harness.details import Pictures
-from harness.inputs import make_inputs
+from harness.distributed_checks import Pieces
+from harness.inputs import Inputs, make_inputs
 from harness.pool import TorchrunRanks, pools
 from harness.progress import PROGRESS_SECONDS, Progress
 from harness.targets.base import Target
@@ -57,11 +59,8 @@ def repro_command(case: Case, target_spec: str, backend: str) -> str:
 
 def _record(case: Case, target: Target, check: str, status: str, backend: str, repro: str,
             seconds: float, **fields: object) -> Record:
-    return Record(case_id=case.id, check=check, target=target.name, backend=backend, world_size=case.world_size,
-                  layout=case.layout_detail, optimizer=case.optimizer, layer=case.kind, shape=case.shape_text,
-                  megabatch=case.megabatch, flatten=case.flatten, param_dtype=case.param_dtype,
-                  compute_dtype=case.compute_dtype, orthogonalizer=case.orthogonalizer, status=status,
-                  repro=repro, seconds=seconds, **fields)
+    return Record(case_id=case.id, check=check, target=target.name, backend=backend, status=status, repro=repro,
+                  seconds=seconds, **schema.column_values(case), **fields)
 
 
 def _judge(case: Case, target: Target, backend: str, repro: str,
@@ -89,71 +88,73 @@ def _judge(case: Case, target: Target, backend: str, repro: str,
     return records
 
 
-def _run_distributed(case: Case, target: Target, target_spec: str, backend: Backend, repro: str,
-                     names: list[str], ranks: TorchrunRanks | None, timeout: float | None,
-                     pictures: Pictures | None) -> list[Record]:
-    """Run `case` on its ranks (a spawned pool, or torchrun's), then judge the pieces they sent back.
-    Under torchrun only rank 0 gets records."""
-    start = time.perf_counter()
+def _pieces(case: Case, target: Target, target_spec: str, backend: Backend, inputs: Inputs | None,
+            ranks: TorchrunRanks | None, timeout: float | None) -> Pieces | str | None:
+    """Every rank's piece of every member after every step of `case` over its layout: one process
+    (world size 1) is `target.run` on `inputs` here; a distributed layout runs on its ranks (a spawned
+    pool, or torchrun's), each rebuilding the inputs. A string says why the target or its ranks
+    failed; None: a rank of torchrun other than rank 0."""
+    if case.world_size == 1:
+        assert inputs is not None, "one process is its own driver"
+        try:
+            return [target.run(inputs.params, inputs.grads, case)]
+        except Exception:
+            return "target raised: " + traceback.format_exc(limit=4)
     args = (distributed_checks.rank_trajectory, case.id, target_spec)
     result = (pools().run(backend.name, case.world_size, *args, timeout=timeout) if ranks is None
               else ranks.run(case.world_size, *args))
     if result is None:
-        return []
+        return None
     if not result.ok:
-        message = (f"{len(result.failures)} of {case.world_size} {backend.name} ranks failed; every rank's "
-                   f"traceback:\n{result.describe()}")
-        return [_record(case, target, n, "error", backend.name, repro, time.perf_counter() - start, message=message)
-                for n in names]
-    # Judged on the backend's device: the policy's device class and the single-process run of `layout` are
-    # those of the ranks (cuda for nccl), not of the host the records are gathered on.
-    inputs, pieces = backends.on_device(make_inputs(case), backend.device()), result.values
-    return _judge(case, target, backend.name, repro,
-                  {n: (lambda n=n: distributed_checks.CHECKS[n](case, target, inputs, pieces)) for n in names}, pictures)
+        return (f"{len(result.failures)} of {case.world_size} {backend.name} ranks failed; every rank's "
+                f"traceback:\n{result.describe()}")
+    return result.values
 
 
 def run_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
              ranks: TorchrunRanks | None = None, timeout: float | None = None,
              pictures: Pictures | None = None) -> list[Record]:
     """Every applicable check of `case` on `target`: pass/fail, or unsupported, skipped (with the
-    reason), or error. `backend` defaults to the case's own: cpu, or gloo for a distributed case.
-    A distributed case whose ranks run past `timeout` seconds (default: the pool's DEFAULT_TIMEOUT)
-    is an error. Under torchrun (`ranks`) every rank calls this in the same order; only rank 0
-    gets records (there the process group's timeout applies). `pictures` keeps the evidence of the
-    worst reference checks for the report."""
+    reason), or error. One path for every layout: the target steps the case over its layout (one
+    process being world size 1), then each check judges the pieces it returned. `backend` defaults
+    to the case's own: cpu, or gloo for a distributed case. A distributed case whose ranks run past
+    `timeout` seconds (default: the pool's DEFAULT_TIMEOUT) is an error. Under torchrun (`ranks`)
+    every rank calls this in the same order; only rank 0 gets records (there the process group's
+    timeout applies). `pictures` keeps the evidence of the worst reference checks for the report."""
     chosen = backends.get(backend) if backend is not None else backends.natural(case)
     repro = repro_command(case, target_spec, chosen.name)
-    distributed = case.layout != "single"
-    names = distributed_checks.applicable(case) if distributed else applicable(case)
+    names = distributed_checks.applicable(case)
     driver = ranks is None or ranks.is_driver
 
-    def every(status: str, message: str) -> list[Record]:
-        return [_record(case, target, n, status, chosen.name, repro, 0.0, message=message) for n in names] if driver else []
+    def every(status: str, message: str, seconds: float = 0.0) -> list[Record]:
+        return [_record(case, target, n, status, chosen.name, repro, seconds, message=message)
+                for n in names] if driver else []
 
     if not chosen.accepts(case):
         kind = "distributed" if chosen.distributed else "single-process"
         return every("skipped", f"backend {chosen.name} runs {kind} cases; this case is {case.layout_detail}")
-    reason = distributed_checks.unsupported(target, case) if distributed else target.unsupported(case)
+    reason = distributed_checks.unsupported(target, case)
     if reason is not None:
         return every("unsupported", reason)
     why = chosen.unavailable(case, ranks.world_size if ranks is not None else None)
     if why is not None:
         return every("skipped", why)
     target = backends.judged_as(target, chosen)
-    if distributed:
-        return _run_distributed(case, target, target_spec, chosen, repro, names, ranks, timeout, pictures)
-    if not driver:
+    if case.world_size == 1 and not driver:
         return []
     start = time.perf_counter()
-    try:
-        inputs = backends.on_device(make_inputs(case), chosen.device())
-        trajectory = target.run(inputs.params, inputs.grads, case)
-    except Exception:
-        message = "target raised: " + traceback.format_exc(limit=4)
-        return [_record(case, target, n, "error", chosen.name, repro, time.perf_counter() - start, message=message)
-                for n in names]
+    # Judged on the backend's device: the policy's device class and the single-process run of `layout` are
+    # those of the ranks (cuda for nccl), not of the host the records are gathered on.
+    inputs = backends.on_device(make_inputs(case), chosen.device()) if driver else None
+    pieces = _pieces(case, target, target_spec, chosen, inputs, ranks, timeout)
+    if pieces is None:
+        return []
+    if isinstance(pieces, str):
+        return every("error", pieces, time.perf_counter() - start)
+    assert inputs is not None, "only the driver gets pieces"
     return _judge(case, target, chosen.name, repro,
-                  {n: (lambda n=n: CHECKS[n](case, target, inputs, trajectory)) for n in names}, pictures)
+                  {n: (lambda n=n: distributed_checks.check(case, n)(case, target, inputs, pieces)) for n in names},
+                  pictures)
 
 
 def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = "cpu",

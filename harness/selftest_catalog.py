@@ -45,6 +45,9 @@ class Defect:
     ambiguous: Callable[[Case], str | None] = lambda case: None
     """Why no diagnosis can single the defect out on `case` (None where one must): the stated reason
     the selftest reports instead of a right diagnosis."""
+    baseline: Callable[[], Target] | None = None
+    """The same code with the defect undone (None: ours): where the defect's run is bitwise this
+    one's, the rounding has absorbed the defect (eps = 1e-2 added to a norm of 15 held in bf16)."""
 
 
 def _stage(name: str, stage: str, broken: Any, only: str | None = None) -> Callable[[], Control]:
@@ -155,6 +158,15 @@ def _pe_no_safety(coefficients: Coefficients, name: str, group: Group) -> tuple[
     return coefficients, 1.0, group["eps"]
 
 
+def _unchanged(coefficients: Coefficients, name: str, group: Group) -> tuple[Coefficients, float, float]:
+    """The declared schedule, safety factor and eps: the polynomial defects' baseline."""
+    return coefficients, normaliser_scale(name), group["eps"]
+
+
+_POLYNOMIAL = _stage("polynomial", "orthogonalize", _polynomial_stage(_unchanged))
+"""The polynomial defects' baseline: their own iteration (`_polynomial`) with nothing changed."""
+
+
 def _one_step_short(coefficients: Coefficients, name: str, group: Group) -> tuple[Coefficients, float, float]:
     """range(steps - 1): one polynomial step fewer than asked."""
     return coefficients[:-1], normaliser_scale(name), group["eps"]
@@ -260,6 +272,15 @@ def _split(case: Case) -> bool:
     return dim is not None and sum(n > 0 for n in piece_sizes(case.shape[dim], case.world_size)) >= 2
 
 
+def _pads_a_matrix(case: Case) -> bool:
+    """An uneven (or empty) shard along a row or column dim of the matrix view: padding there lands
+    inside an orthogonalized matrix. Along a batch dim (an unflattened 3-D+ parameter's leading dims)
+    it adds whole matrices, which are cut off again: harmless."""
+    n = len(case.shape)
+    view = range(n) if case.flatten or n == 2 else (n - 2, n - 1)
+    return _split(case) and shard_dim(case.layout) in view and case.layout_detail.endswith(("uneven", "empty"))
+
+
 def _decayed(case: Case) -> bool:
     return case.weight_decay > 0
 
@@ -289,11 +310,26 @@ def _tiny_scale(case: Case) -> str | None:
 
 
 def _rank_one(case: Case) -> str | None:
-    """Why an orthogonalizer defect cannot be told from an lr scale on a rank-1 matrix view."""
-    if min(matrix_dims(case.shape, case.flatten)) != 1:
+    """Why an orthogonalizer defect cannot be told from an lr scale on a rank-1 matrix view, or under
+    tiny gradients."""
+    if min(matrix_dims(case.shape, case.flatten)) == 1:
+        return ("a 1 x n matrix has one singular value: any error of f(sigma) is one constant factor of "
+                "the step, which is what an lr-scale error is")
+    if case.grad == "tiny":
+        return ("tiny gradients: the normaliser's eps shrinks every singular value into the polynomial's "
+                "linear range, where a changed coefficient or step scales them all alike: one constant "
+                "factor of the step, which is what an lr-scale error is")
+    return None
+
+
+def _short_rows(case: Case) -> str | None:
+    """Why a NorMuon row-statistics defect cannot be told from other state on short matrix rows."""
+    fan_in = matrix_dims(case.shape, case.flatten)[1] if case.flatten or len(case.shape) == 2 else case.shape[-1]
+    if fan_in >= 4:
         return None
-    return ("a 1 x n matrix has one singular value: any error of f(sigma) is one constant factor of "
-            "the step, which is what an lr-scale error is")
+    return (f"NorMuon's rows here are rows of {fan_in} element(s) (trailing {case.shape[-2]} x {fan_in} "
+            f"matrices): one factor per such row fits nearly any error, so no structure singles out row "
+            f"statistics from other state")
 
 
 def _non_square(case: Case) -> bool:
@@ -310,7 +346,7 @@ CATALOG: tuple[Defect, ...] = (
            lambda c: _decayed(c) and c.adjust_lr != "none",
            "decay with the adjusted lr (dtensor-muon's convention) under a declared base-lr convention"),
     Defect("momentum-bf16", _stage("momentum-bf16", "direction", _momentum_bf16), "momentum",
-           lambda c: c.param_dtype != "bf16",
+           lambda c: c.param_dtype != "bf16" and c.optimizer not in SELECTING,  # Dion2 keeps no momentum_buffer
            "NorDion2 review (microsoft/dion#82): state EMAs kept in bf16; torch's bf16 buffer aliasing",
            ambiguous=lambda c: ("the buffer's bf16 rounding changes the update by a bf16 rounding of U, "
                                 "as an orthogonalizer that reads U in bf16 would: the steps' error has "
@@ -329,21 +365,21 @@ CATALOG: tuple[Defect, ...] = (
     Defect("ns-coefficient-typo", _stage("ns-coefficient-typo", "orthogonalize", _polynomial_stage(_ns_typo)),
            "orthogonalizer", lambda c: c.orthogonalizer == "newton_schulz",
            "templar#493 review: wrong Newton-Schulz coefficients; here one digit",
-           ambiguous=_rank_one),
+           ambiguous=_rank_one, baseline=_POLYNOMIAL),
     Defect("pe-coefficient-typo", _stage("pe-coefficient-typo", "orthogonalize", _polynomial_stage(_pe_typo)),
            "orthogonalizer", lambda c: c.orthogonalizer == "polar_express",
            "Polar Express tables copied by hand (dion folds its own safety factor in)",
-           ambiguous=_rank_one),
+           ambiguous=_rank_one, baseline=_POLYNOMIAL),
     Defect("pe-no-safety", _stage("pe-no-safety", "orthogonalize", _polynomial_stage(_pe_no_safety)),
            "orthogonalizer", lambda c: c.orthogonalizer == "polar_express",
            "Polar Express Algorithm 1's 1.01 safety factor left out of the normaliser",
-           ambiguous=_rank_one),
+           ambiguous=_rank_one, baseline=_POLYNOMIAL),
     Defect("one-step-short", _stage("one-step-short", "orthogonalize", _polynomial_stage(_one_step_short)),
            "orthogonalizer", lambda c: c.orthogonalizer != "svd", "off-by-one in the iteration loop",
-           ambiguous=_rank_one),
+           ambiguous=_rank_one, baseline=_POLYNOMIAL),
     Defect("normaliser-eps-large", _stage("normaliser-eps-large", "orthogonalize", _polynomial_stage(_large_eps)),
            "normaliser-eps", lambda c: c.orthogonalizer != "svd" and c.grad in ("gaussian", "lowrank"),
-           "eps = 1e-2 in X / (||X|| + eps), a value from another code path"),
+           "eps = 1e-2 in X / (||X|| + eps), a value from another code path", baseline=_POLYNOMIAL),
     Defect("svd-no-cutoff", _stage("svd-no-cutoff", "orthogonalize", _svd_no_cutoff), "orthogonalizer",
            lambda c: c.orthogonalizer == "svd" and c.grad in ("rankdef", "zero"),
            "NVIDIA Emerging-Optimizers compares NS with an SVD polar factor; U V^T without a rank cut-off"),
@@ -363,10 +399,11 @@ CATALOG: tuple[Defect, ...] = (
            "lr-scale", lambda c: c.optimizer == "normuon",
            "zichongli5/NorMuon#6: constant-RMS rescale (paper) vs the Frobenius restore (code)"),
     Defect("normuon-variance-no-ema", _stage("normuon-variance-no-ema", "postprocess", _variance_no_ema, "normuon"),
-           "per-row-state", lambda c: c.optimizer == "normuon" and c.steps > 1, "beta2 dropped from the row EMA"),
+           "per-row-state", lambda c: c.optimizer == "normuon" and c.steps > 1, "beta2 dropped from the row EMA",
+           ambiguous=_short_rows),
     Defect("normuon-variance-bf16", _stage("normuon-variance-bf16", "postprocess", _variance_bf16, "normuon"),
            "per-row-state", lambda c: c.optimizer == "normuon" and c.param_dtype != "bf16" and c.steps > 1,
-           "microsoft/dion#82 review: NorMuon's variance EMA in bf16"),
+           "microsoft/dion#82 review: NorMuon's variance EMA in bf16", ambiguous=_short_rows),
     Defect("normuon-kernel-slice", controls.normuon_kernel_slice_variance, "flattened-geometry",
            lambda c: c.optimizer == "normuon" and c.flatten and len(c.shape) > 2,
            "context report 000: variance shaped param[..., 0:1]"),
@@ -385,7 +422,7 @@ CATALOG: tuple[Defect, ...] = (
            distributed=True),
 
     Defect("padding-leak", distributed_controls.padding_leak, "shard-local",
-           lambda c: _split(c) and c.layout_detail.endswith(("uneven", "empty")) and c.grad not in ("zero", "huge"),
+           lambda c: _pads_a_matrix(c) and c.grad not in ("zero", "huge"),
            "padding rows (ones) of an uneven shard inside the orthogonalized matrix (invisible under huge gradients)", distributed=True),
 
     Defect("wrong-params", distributed_controls.wrong_params, "shard-local",

@@ -11,7 +11,7 @@ For member i at step k of a case, judged on device class D:
   A    = amplification of the declared orthogonalizer at the singular values of that step's
          direction U (harness/sensitivity.py): slopes and cancellation of a polynomial schedule,
          s_max / s_min of the kept singular values for the polar factor;
-  c    = coefficient of the key (optimizer, param@compute, schedule class, conditioning class),
+  c    = coefficient of the key (optimizer, param@compute, schedule, conditioning class),
          COEFFICIENT_SAFETY x the worst c a correct implementation needed on D, rounded up to two
          significant digits, at least COEFFICIENT_FLOOR; measured by benchmarks/measure_tolerances.py
          into tolerance_measured/<D>.json. Where the key's algorithm takes every step of another
@@ -33,6 +33,7 @@ runs of the same arithmetic in fp64, which must agree bitwise.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ from cases import Case, matrix_shape
 from harness import algorithms
 from harness.sensitivity import Sensitivity, of_case
 from oracles import Conventions, Orthogonalizer
+from oracles.coefficients import (GNS_SAFETY, POLAR_EXPRESS_4DP, POLAR_EXPRESS_RAW, POLAR_EXPRESS_SAFETY,
+                                  POLAR_EXPRESS_SAFETY_102, YOU_QUINTICS, Coefficients, newton_schulz_schedule,
+                                  polar_express_schedule, safety_scaled)
 from oracles.rounding import machine_epsilon
 
 STORAGE_ULPS = 1.0
@@ -99,6 +103,48 @@ def schedule_class(spec: Orthogonalizer) -> str:
         return "svd"
     peak = max((abs(c) for step in spec.schedule for c in step), default=0.0)
     return ("gram-" if spec.iteration == "gram" else "") + ("poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild")
+
+
+OWN_SCHEDULES: dict[str, tuple[tuple[Coefficients, ...], float]] = {
+    "newton_schulz": (tuple(newton_schulz_schedule(5)), 1.0),
+    "polar_express": (tuple(polar_express_schedule(5)), POLAR_EXPRESS_SAFETY),
+}
+"""The schedules optimizers.Muon runs, by their option names -> (coefficients, normaliser scale): Keller
+Jordan's quintic, and Polar Express with its 1.01 safety (either under the Gram iteration too). Their
+keys carry the schedule class alone."""
+
+SCHEDULES: dict[str, tuple[tuple[Coefficients, ...], float]] = {
+    "you": (YOU_QUINTICS, 1.0),
+    "pe102": (POLAR_EXPRESS_SAFETY_102, 1.02),
+    "pe105": (safety_scaled(POLAR_EXPRESS_RAW[:5], GNS_SAFETY), 1.0),
+    "pe4dp": (POLAR_EXPRESS_4DP, 1.0),
+}
+"""Every other schedule a built-in adapter declares, by the name its keys carry after the class ("poly-mild:you"):
+name -> (coefficients, the factor on ||U||_F in the normaliser they are run with). Jiacheng You's quintics (heavyball, dion,
+gram-newton-schulz, emerging-optimizers), nanochat's Polar Express for safety 1.02 (dion, dtensor-muon),
+Polar Express / 1.05 (gram-newton-schulz), emerging-optimizers' 4-decimal Polar Express. Two schedules of one
+class need different coefficients (on the rank-1 fp32 steps of
+muon/linear_row-1x16/mb2/noflat/fp32@fp32/ns/none/nesterov/wd0/steps3/lowrank/seed0 our optimizer needs c 0.007
+with Keller Jordan's quintic, 0.99 with You's), so each is measured on its own, by our optimizer running those
+coefficients (benchmarks/measure_tolerances.py --schedules NAME), never by the peer."""
+
+
+def schedule_name(spec: Orthogonalizer) -> str:
+    """The name of a declared polynomial schedule, by its coefficients: "" for one of OWN_SCHEDULES, its
+    SCHEDULES name, or "x" and a digest of the coefficients for any other (never measured). The normaliser is
+    not part of it: where it puts the singular values is in the amplification A."""
+    declared = tuple(spec.schedule)
+    for name, (coefficients, _) in {**OWN_SCHEDULES, **SCHEDULES}.items():
+        if declared == tuple(coefficients):
+            return "" if name in OWN_SCHEDULES else name
+    return "x" + hashlib.sha256(repr(declared).encode()).hexdigest()[:8]
+
+
+def schedule_of(spec: Orthogonalizer) -> str:
+    """The schedule field of a policy key: the class, then ":" and the schedule's name unless it is one of
+    OWN_SCHEDULES (an SVD has no schedule)."""
+    name = "" if spec.kind == "svd" else schedule_name(spec)
+    return schedule_class(spec) + (f":{name}" if name else "")
 
 
 def conditioning_class(case: Case, sensitivities: Sequence[Sequence[Sensitivity]]) -> str:
@@ -226,7 +272,7 @@ class CasePolicy:
 
 
 def key_of(case: Case, conv: Conventions, conditioning: str) -> Key:
-    return Key(case.optimizer, case.param_dtype, conv.compute_dtype, schedule_class(conv.orthogonalizer),
+    return Key(case.optimizer, case.param_dtype, conv.compute_dtype, schedule_of(conv.orthogonalizer),
                conditioning)
 
 
@@ -241,8 +287,12 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
     if found is None:
         found, note = evidence(FALLBACK_DEVICE), f"{FALLBACK_DEVICE} measurement used on {device}"
     if found is None or str(key) not in found.entries:
-        raise NoEntry(f"the tolerance policy has no entry for {key} on {device} "
-                      f"(measure it: benchmarks/measure_tolerances.py --device {device})")
+        named = schedule_name(conv.orthogonalizer) if conv.orthogonalizer.kind != "svd" else ""
+        how = (f"name its schedule in harness.tolerance.SCHEDULES, then measure it: "
+               f"benchmarks/measure_tolerances.py --device {device} --schedules NAME" if named.startswith("x")
+               else f"measure it: benchmarks/measure_tolerances.py --device {device}"
+               + (f" --schedules {named}" if named else ""))
+        raise NoEntry(f"the tolerance policy has no entry for {key} on {device} ({how})")
     measured, with_included = _with_included(found, key)
     u_format = max((case.param_dtype, conv.compute_dtype), key=unit_roundoff)
     return CasePolicy(key, unit_roundoff(u_format), u_format, coefficient(measured.worst), measured,

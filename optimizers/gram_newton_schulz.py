@@ -20,8 +20,9 @@ schedule can give, is recomputed with the standard iteration; `GramStats` counts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
 
 import torch
 
@@ -50,6 +51,35 @@ class GramStats:
 
 STATS = GramStats()
 """This process's counts for every optimizer's Gram Newton–Schulz (read, or reset, by whoever watches)."""
+
+
+@dataclass
+class DeferredChecks:
+    """The divergence checks of Gram results computed inside `deferred_checks()` (a CUDA-graph capture,
+    where the host cannot read a flag): one device flag per call, true when any of its matrices
+    diverged, and how many matrices the calls computed. Whoever replays checks `diverged()` and, if
+    true, recomputes the whole update eagerly (where the fallback runs)."""
+
+    flags: list[torch.Tensor] = field(default_factory=list)
+    matrices: int = 0
+
+    def diverged(self) -> bool:
+        return bool(torch.stack(self.flags).any()) if self.flags else False
+
+
+_DEFERRED: list[DeferredChecks] = []
+
+
+@contextlib.contextmanager
+def deferred_checks() -> Iterator[DeferredChecks]:
+    """Within: gram_newton_schulz records its divergence flags here instead of reading them (no host
+    synchronisation, no fallback, no STATS counts)."""
+    checks = DeferredChecks()
+    _DEFERRED.append(checks)
+    try:
+        yield checks
+    finally:
+        _DEFERRED.pop()
 
 
 def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.dtype) -> torch.Tensor:
@@ -114,6 +144,10 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
         out = gram_steps(wide, coefficients, restarts)
         norms = torch.linalg.vector_norm(out, dim=(-2, -1), dtype=torch.promote_types(out.dtype, torch.float32))
         bad = ~torch.isfinite(norms) | (norms > DIVERGED * m**0.5)
+        if _DEFERRED:
+            _DEFERRED[-1].flags.append(bad.any())
+            _DEFERRED[-1].matrices += out.size(0)
+            return (out.mT if tall else out).to(x.dtype)
         if stats is not None:
             stats.gram += out.size(0)
         if bool(bad.any()):

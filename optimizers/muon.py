@@ -15,6 +15,7 @@ import torch
 from optimizers import checkpoint, distributed, plan, tensor_parallel
 from optimizers.agreement import agree
 from optimizers.algorithms import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, resolve
+from optimizers.graphs import PlanGraphs
 from optimizers.groups import check_group, check_scalars, filled
 from optimizers.validation import check_layouts
 
@@ -54,6 +55,9 @@ class Muon(torch.optim.Optimizer):
         parameters sharded on the mesh dim named `tp_dim` (default "tp"); also a group option.
       num_heads: group option: orthogonalize a 2-D [num_heads * head_dim, in] parameter as num_heads
         [head_dim, in] blocks, lr scale from the head block (None: the whole matrix).
+      cuda_graphs: replay the orthogonalization of small single-process megabatches on CUDA from CUDA
+        graphs, one launch each instead of ~30 (polynomial orthogonalizers only; the same bits as eager;
+        optimizers/graphs.py). Default False.
       options: options of other registered algorithms; a group's missing options default from its record.
 
     Raises ValueError/TypeError before touching anything on bad options or parameters. `step()` is
@@ -63,6 +67,7 @@ class Muon(torch.optim.Optimizer):
 
     _cached: _Cached | None = None  # the last validated plan (a class default: survives copy and pickle)
     _tp_dim: str = "tp"
+    _cuda_graphs: bool = False
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = MUON.defaults["momentum"],
                  nesterov: bool = MUON.defaults["nesterov"], weight_decay: float = 0.0,
@@ -74,12 +79,16 @@ class Muon(torch.optim.Optimizer):
                  betas: tuple[float, float] = ADAMW.defaults["betas"],
                  adamw_eps: float = ADAMW.defaults["adamw_eps"], beta2: float = NORMUON.defaults["beta2"],
                  variance_eps: float = NORMUON.defaults["variance_eps"], algorithm: str | Algorithm = "muon",
-                 tp_mode: str = MUON.defaults["tp_mode"], tp_dim: str = "tp", **options: Any) -> None:
+                 tp_mode: str = MUON.defaults["tp_mode"], tp_dim: str = "tp", cuda_graphs: bool = False,
+                 **options: Any) -> None:
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise TypeError(f"Muon() got unknown options {unknown}; known: {sorted(OPTIONS)}")
         if not isinstance(tp_dim, str):
             raise TypeError(f"Muon(tp_dim=...) must be a mesh dim name (str), got {tp_dim!r}")
+        if not isinstance(cuda_graphs, bool):
+            raise TypeError(f"Muon(cuda_graphs=...) must be a bool, got {cuda_graphs!r}")
+        self._cuda_graphs = cuda_graphs
         self._group = distributed.process_group(mesh)
         self._tp_dim = tp_dim
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
@@ -130,7 +139,11 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        plan.execute(self._plan(), self.state)
+        plans = self._plan()
+        graphs = self._cached.graphs if self._cuda_graphs else None
+        plan.execute(plans, self.state, graphs)
+        if graphs is not None:
+            graphs.armed = True
         return loss
 
     def _plan(self) -> list[plan.GroupPlan]:
@@ -150,7 +163,7 @@ class Muon(torch.optim.Optimizer):
             except (ValueError, TypeError) as exc:
                 plans, error = [], exc
             fingerprint = plan.fingerprint(self.param_groups) if self._group is not None else []
-            cached = _Cached(key, held, plans, fingerprint, plan.digest(fingerprint))
+            cached = _Cached(key, held, plans, fingerprint, plan.digest(fingerprint), PlanGraphs())
         if self._group is not None:
             agree(self._group, cached.fingerprint, cached.digest, error)
         if error is not None:
@@ -163,13 +176,15 @@ class Muon(torch.optim.Optimizer):
 @dataclass(frozen=True)
 class _Cached:
     """A validated plan and what it was made from (optimizers.plan.cache_key); `held` keeps the state
-    tensors the key names by id alive, so their ids cannot be reused."""
+    tensors the key names by id alive, so their ids cannot be reused; `graphs`: the plan's CUDA graphs
+    (used with cuda_graphs=True)."""
 
     key: tuple
     held: list
     plans: list[plan.GroupPlan]
     fingerprint: list[tuple]
     digest: int
+    graphs: PlanGraphs
 
 
 class NorMuon(Muon):

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from optimizers import distributed, state as param_state, tensor_parallel
 from optimizers.algorithms import Algorithm
+from optimizers.graphs import PlanGraphs, capturable as graph_eligible
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
 
@@ -102,9 +103,10 @@ def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | 
     return tuple(out)
 
 
-def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> None:
-    """Run every group's stages (optimizers/algorithms/base.py) as planned."""
-    for plan in plans:
+def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: PlanGraphs | None = None) -> None:
+    """Run every group's stages (optimizers/algorithms/base.py) as planned; with `graphs`, the
+    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py)."""
+    for index, plan in enumerate(plans):
         algorithm, group = plan.algorithm, plan.group
         if algorithm.elementwise:
             for p in plan.params:
@@ -115,13 +117,16 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> None:
         directions = {}
         for p in plan.params:
             directions[p] = algorithm.direction(p.grad, param_state.create(p, state[p], algorithm, group), group)
-        for batch in plan.megabatches:
+        for number, batch in enumerate(plan.megabatches):
             matrix_update = algorithm.matrix_update(group, batch.shape)
-            stack = torch.stack([directions[p] for p in batch.params])
-            if batch.layout is None:
-                updates = matrix_update(stack)
+            members = [directions[p] for p in batch.params]
+            if batch.layout is not None:
+                updates = algorithm.exchange(torch.stack(members), batch.layout, matrix_update)
+            elif graphs is not None:
+                updates = graphs.run((index, number), matrix_update, members,
+                                     lambda stack: graph_eligible(algorithm, group, stack))
             else:
-                updates = algorithm.exchange(stack, batch.layout, matrix_update)
+                updates = matrix_update(torch.stack(members))
             entries = [state[p] for p in batch.params]
             updates = algorithm.postprocess(updates, entries, group)
             scale = algorithm.lr_scale(batch.shape, group)

@@ -9,10 +9,14 @@ same dot product as in the full product, so the lower triangle matches it; the u
 the exact mirror, where a full product is symmetric only up to rounding.
 
 Stacks with fewer than `2 * BLOCK` rows take one plain product: below that a row block is too
-small to keep a GPU's tensor cores busy. Pure torch, every device.
+small to keep a GPU's tensor cores busy. Pure torch, every device; with `TRITON` set, bf16/fp16
+stacks on CUDA take instead the Triton kernel of optimizers/symmetric_triton.py (upper tiles only,
+one launch), when triton is installed.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 
@@ -21,6 +25,10 @@ BLOCK = 1024
 
 MAX_BLOCKS = 4
 """Block count cap: 4 blocks compute 5/8 of the product; more blocks save less per extra launch."""
+
+TRITON = False
+"""Opt-in: products that would be split into blocks run the Triton kernel instead where it can
+(bf16/fp16 on CUDA, triton installed); benchmarks/gpu_step.py's "triton symmetric" rows measure it."""
 
 
 def blocks(m: int, block: int | None = None) -> int:
@@ -49,6 +57,9 @@ def _lower_blocks(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, 
     k = blocks(m, block)
     if k == 1:
         return torch.bmm(a, b) if input is None else torch.baddbmm(input, a, b, beta=beta, alpha=alpha)
+    kernel = triton_kernel() if TRITON else None
+    if kernel is not None and kernel.usable(a):
+        return kernel.symmetric_baddbmm(input, a, b, beta, alpha)
     edges = [i * m // k for i in range(k + 1)]
     out = torch.empty(a.shape[:-1] + (m,), dtype=a.dtype, device=a.device)
     for lo, hi in zip(edges, edges[1:]):
@@ -60,3 +71,17 @@ def _lower_blocks(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, 
     for lo, hi in zip(edges, edges[1:-1]):
         out[:, lo:hi, hi:] = out[:, hi:, lo:hi].mT
     return out
+
+
+_KERNEL: list[ModuleType | None] = []
+
+
+def triton_kernel() -> ModuleType | None:
+    """optimizers.symmetric_triton, or None where triton cannot be imported (imported once)."""
+    if not _KERNEL:
+        try:
+            from optimizers import symmetric_triton  # noqa: PLC0415 - optional: needs triton
+        except ImportError:
+            symmetric_triton = None
+        _KERNEL.append(symmetric_triton)
+    return _KERNEL[0]

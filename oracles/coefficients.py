@@ -66,6 +66,17 @@ POLAR_EXPRESS_SAFETY_102: tuple[Coefficients, ...] = (
 table of karpathy/nanochat, used by microsoft/dion and dtensor-muon with the normaliser
 1.02 ||X||_F + eps). It is not POLAR_EXPRESS_RAW divided by 1.02: it was optimised anew."""
 
+POLAR_EXPRESS_4DP: tuple[Coefficients, ...] = (
+    (8.2051, -22.9019, 16.4607),
+    (4.0664, -2.8612, 0.5184),
+    (3.9096, -2.8234, 0.5250),
+    (3.2856, -2.4153, 0.4853),
+    (2.2779, -1.6198, 0.3985),
+)
+"""The first five entries of NVIDIA emerging-optimizers 0.3.0's "polar_express" table (muon_utils.py):
+Polar Express's polynomials at x / 1.01, (a/1.01, b/1.01^3, c/1.01^5), to 4 decimals (the first a is
+8.2051 where rounding gives 8.2052), run with no safety factor in the normaliser."""
+
 GNS_SAFETY = 1.05
 """gram-newton-schulz 0.1.6 divides every Polar Express polynomial by this safety factor."""
 

@@ -17,6 +17,7 @@ import re
 from typing import Mapping
 from urllib.parse import quote
 
+from cases import schema
 from reports import tp_table
 from reports.derived import allowed, title, verdict
 from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
@@ -40,11 +41,10 @@ TABLE_COLUMNS: tuple[str, ...] = (
 """Columns of the results table, in display order; each is also a row data attribute. `allowed` and
 `rtol` are derived (`_value`): the whole allowance in rel_err's units, and the policy's rtol alone."""
 
-FILTER_COLUMNS: tuple[str, ...] = (
-    "status", "check", "layer", "param_dtype", "compute_dtype", "orthogonalizer", "backend", "layout", "cell",
-)
-"""Columns with a <select> filter; options are the values present in the data. `cell` is the
-coverage grid's cell of a row (`grid_cell`), set by clicking that cell."""
+FILTER_COLUMNS: tuple[str, ...] = ("status", "check", *schema.FILTERS, "backend", "cell")
+"""Columns with a <select> filter: the case's from cases/schema.py (its columns marked `filter`); options
+are the values present in the data. `cell` is the coverage grid's cell of a row (`grid_cell`), set by
+clicking that cell."""
 
 NUMERIC_COLUMNS = frozenset({"ratio", "megabatch", "rel_err", "allowed", "rtol", "max_abs", "max_ulp", "world_size"})
 LAYOUT_ORDER = ("single", "replicated", "shard0", "shard1")
@@ -316,7 +316,8 @@ def _table(ordered: list[Record], anchors: dict[int, str]) -> str:
 
 def _row(record: Record, anchor: str | None) -> str:
     """One results row: a data attribute per table column (raw values) and its cells."""
-    attrs = "".join(f' data-{c}="{escape(data_value(_value(record, c)))}"' for c in (*TABLE_COLUMNS, "cell"))
+    attrs = "".join(f' data-{c}="{escape(data_value(_value(record, c)))}"'
+                    for c in dict.fromkeys((*TABLE_COLUMNS, *FILTER_COLUMNS)))
     cells = "".join(_cell(record, c, anchor) for c in TABLE_COLUMNS)
     return f'<tr data-severity="{SEVERITY[record.status]}"{attrs}>{cells}</tr>'
 

@@ -12,8 +12,9 @@ Statuses:
   skipped      the harness could not run it here (e.g. no GPU), with the reason
 
 The schema is versioned (`SCHEMA_VERSION`, stored in run.json and in the Parquet file's
-metadata). A column is added as a `Record` field with a default, together with a new
-version and a line in its history; runs stored before it load with the field's default.
+metadata). A column is added as a `Record` field with a default (a case column: in cases/schema.py),
+together with a new version and a line in its history; runs stored before it load with the field's
+default, or a case column with the value the row's case id gives (`from_row`).
 """
 
 from __future__ import annotations
@@ -21,54 +22,39 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
+
+from cases import Case, schema
 
 STATUSES = ("fail", "error", "pass", "unsupported", "skipped")
 """All statuses, worst first."""
 
 FAILING = frozenset({"fail", "error"})
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the stored-run schema (`Record` columns, run.json keys). History:
 
   1  the columns case_id .. seconds; run.json unversioned (runs stored before versioning)
   2  schema_version in run.json and in results.parquet's metadata; run.json also holds
      complete, selection, interrupted and the SHA-256 and size of results.parquet and results.csv
   3  the column diagnosis: the likely kind of bug behind a failing case (harness/diagnosis.py)
+  4  a column for every case axis the id names and no column held: adjust_lr, nesterov, weight_decay,
+     steps, grad, seed, fraction, scope (cases/schema.py); a run stored before gets them from its ids
 """
 
 
-@dataclass(frozen=True)
-class Record:
-    """One check of one case against one target."""
+class _RecordMethods:
+    """What a `Record` does beyond holding its columns (declared for type checkers; make_dataclass
+    below makes them fields)."""
 
     case_id: str
     check: str
     target: str
     backend: str
     world_size: int
-    layout: str
-    optimizer: str
-    layer: str
-    shape: str
-    megabatch: int
-    flatten: bool
-    param_dtype: str
-    compute_dtype: str
-    orthogonalizer: str
     status: str
-    max_abs: float = math.nan
-    rel_err: float = math.nan
-    max_ulp: float = math.nan
-    tolerance: float = math.nan
-    tolerance_source: str = ""
-    ratio: float = math.nan
-    message: str = ""
-    repro: str = ""
-    seconds: float = 0.0
-    diagnosis: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -82,6 +68,48 @@ class Record:
     @property
     def failing(self) -> bool:
         return self.status in FAILING
+
+
+def _case_columns(since_first: bool) -> list[tuple[str, str, Any]]:
+    """The case's columns (cases/schema.py COLUMNS) as dataclass fields: those of schema version 1
+    without a default, the later ones with theirs."""
+    return [(c.name, c.kind.__name__) if since_first else (c.name, c.kind.__name__, field(default=c.default))
+            for c in schema.COLUMNS if (c.since == 1) == since_first]
+
+
+Record = make_dataclass("Record", [
+    ("case_id", "str"), ("check", "str"), ("target", "str"), ("backend", "str"),
+    *_case_columns(since_first=True),
+    ("status", "str"),
+    ("max_abs", "float", field(default=math.nan)),
+    ("rel_err", "float", field(default=math.nan)),
+    ("max_ulp", "float", field(default=math.nan)),
+    ("tolerance", "float", field(default=math.nan)),
+    ("tolerance_source", "str", field(default="")),
+    ("ratio", "float", field(default=math.nan)),
+    ("message", "str", field(default="")),
+    ("repro", "str", field(default="")),
+    ("seconds", "float", field(default=0.0)),
+    ("diagnosis", "str", field(default="")),
+    *_case_columns(since_first=False),
+], bases=(_RecordMethods,), frozen=True)
+Record.__module__ = __name__  # where pickle finds it
+Record.__doc__ = """One check of one case against one target: the run's columns (case_id, check, target, backend,
+status, the metrics and tolerance, message, repro, seconds, diagnosis) and the case's own (cases/schema.py
+COLUMNS: world size, layout, layer, dtypes, ...)."""
+
+
+def from_row(values: dict[str, Any]) -> Record:
+    """A record from a stored row (already typed). A row stored before a case column existed gets the
+    value its case id gives (the id names every axis), or the column's default if the id does not parse."""
+    missing = [c for c in schema.COLUMNS if c.name not in values]
+    if missing:
+        try:
+            known = schema.column_values(Case.from_id(values["case_id"]))
+        except (KeyError, ValueError):
+            known = {c.name: c.default for c in missing}
+        values = {**values, **{c.name: known[c.name] for c in missing}}
+    return Record(**values)
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Record))
@@ -137,7 +165,7 @@ def read_csv(path: Path) -> list[Record]:
         for line, row in enumerate(reader, 2):
             if len(row) != len(header):
                 raise ValueError(f"{path}: line {line} has {len(row)} fields, the header {len(header)}")
-            records.append(Record(**{n: _parse(n, v) for n, v in zip(header, row)}))
+            records.append(from_row({n: _parse(n, v) for n, v in zip(header, row)}))
         return records
 
 

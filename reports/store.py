@@ -33,8 +33,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reports.records import (COLUMNS, SCHEMA_VERSION, Record, RunInfo, check_columns, read_csv, status_counts,
-                             write_csv)
+from reports.records import (COLUMNS, SCHEMA_VERSION, Record, RunInfo, check_columns, from_row, read_csv,
+                             status_counts, write_csv)
 
 PARQUET = "results.parquet"
 """The canonical results file."""
@@ -139,7 +139,7 @@ def _read_parquet(path: Path) -> list[Record]:
         for name in floats:
             if row.get(name, 0.0) is None:
                 row[name] = math.nan
-    return [Record(**row) for row in rows]
+    return [from_row(row) for row in rows]
 
 
 def _fingerprint(path: Path) -> dict[str, Any]:

@@ -111,12 +111,38 @@ def test_a_failing_step_changes_nothing(name, breaks, error, match):
     assert failure_changes(opt, opt.step, error, match) == []
 
 
-@pytest.mark.parametrize("name, breaks, error, match", FAILURES[:3], ids=[f[0] for f in FAILURES[:3]])
-def test_an_option_broken_after_cached_steps_is_still_caught(name, breaks, error, match):
-    """The plan cache must not hide a change made after several good steps."""
+def _append_vector_to_muon_group(opt, ps):
+    """A new parameter joins a cached group's list (not through add_param_group): a 1-D one, which
+    a Muon group rejects."""
+    v = torch.nn.Parameter(torch.ones(5))
+    v.grad = torch.ones(5)
+    opt.param_groups[0]["params"].append(v)
+
+
+def _append_param_with_bad_grad(opt, ps):
+    """A new matrix joins a cached group with a gradient of another shape."""
+    q = torch.nn.Parameter(torch.ones(4, 6))
+    q.grad = torch.ones(4, 6)
+    q.data = torch.ones(6, 4)
+    opt.param_groups[0]["params"].append(q)
+
+
+CACHE_CHANGES = FAILURES + [
+    ("new-1d-param", _append_vector_to_muon_group, ValueError, "param group 0: parameter 4 has shape"),
+    ("new-param-bad-grad", _append_param_with_bad_grad, ValueError, "parameter 4: gradient shape"),
+]
+
+
+@pytest.mark.parametrize("name, breaks, error, match", CACHE_CHANGES, ids=[f[0] for f in CACHE_CHANGES])
+def test_a_change_after_cached_steps_is_validated_before_any_write(name, breaks, error, match):
+    """The plan cache must not hide a change made after several good steps: a changed option, shape,
+    gradient, state entry or a new parameter is checked again, and the step changes nothing."""
     opt, ps = make(*SHAPES)
     opt.step()
     opt.step()
+    cached = opt._cached
+    opt.step()
+    assert opt._cached is cached  # the steps above reused one plan: the change below must rebuild it
     breaks(opt, ps)
     assert failure_changes(opt, opt.step, error, match) == []
 

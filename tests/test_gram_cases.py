@@ -26,12 +26,24 @@ def aspect(case):
 
 def test_ci_carries_a_few_gram_cases_nightly_more():
     ci, nightly = gram_cases("ci"), gram_cases("nightly")
-    assert 8 <= len(ci) <= 24 and set(ci) < set(nightly) and len(nightly) >= 4 * len(ci)
-    assert {(c.param_dtype, c.compute_dtype) for c in ci} == {("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16")}
+    assert 8 <= len(ci) <= 48 and set(ci) < set(nightly) and len(nightly) >= 3 * len(ci)
+    assert {(c.param_dtype, c.compute_dtype) for c in ci} == {("fp64", "fp64"), ("fp32", "fp32"), ("fp32", "bf16"),
+                                                               ("bf16", "bf16")}
     assert {(c.param_dtype, c.compute_dtype) for c in nightly} == set(axes.DTYPE_PAIRS)
     for cases in (ci, nightly):
         assert {"rankdef", "lowrank"} <= {c.grad for c in cases}
         assert min(map(aspect, cases)) == 1 and max(map(aspect, cases)) >= 16  # square to 1:16
+
+
+@pytest.mark.parametrize("name", ["ci", "nightly"])
+def test_every_layer_has_gram_cases_the_gram_peers_can_run(name):
+    """DeepSpeed's gram method (Nesterov, lr mode spectral_norm, 4-D layers flattened and no others; fp32 on
+    CPU) and gram-newton-schulz (bf16 compute): every layer of the tier, in each dtype pair they compute in."""
+    layers = axes.LAYERS if name == "ci" else axes.all_layers()
+    runnable = {(c.layer, c.param_dtype, c.compute_dtype) for c in gram_cases(name)
+                if c.nesterov and c.adjust_lr == "spectral_norm" and c.flatten == (len(c.shape) == 4)}
+    for pair in (("fp32", "fp32"), ("fp32", "bf16"), ("bf16", "bf16")):
+        assert {layer for layer, *dtypes in runnable if tuple(dtypes) == pair} == set(layers), pair
 
 
 def test_gram_case_ids_parse_back():

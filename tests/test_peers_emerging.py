@@ -162,3 +162,30 @@ def test_polar_express_table_is_the_published_one_to_four_decimals():
     exact = safety_scaled(POLAR_EXPRESS_RAW[:5], 1.01)
     for written, true in zip(adapter.POLAR_EXPRESS_4DP, exact):
         assert all(abs(w - t) <= 1e-4 for w, t in zip(written, true))
+
+
+FALSE_ALARM = "muon/linear_row-1x16/mb2/noflat/fp32@fp32/ns/spectral_norm/nesterov/wd0/steps3/lowrank/seed0"
+"""The CI case `emerging-muon-shape-scaling` failed at ratio 1.65 while the tolerance key was the schedule
+class measured on Keller Jordan's quintic only (tests/test_peer_schedules.py has the peer-free proof)."""
+
+
+@needs_peer
+def test_the_shape_scaling_false_alarm_case_passes_under_its_schedule_key():
+    got = statuses(load_target("emerging-muon-shape-scaling"), FALSE_ALARM)
+    assert got["reference"] == "pass" and set(got.values()) <= {"pass"}, got
+    record = next(r for r in run_case(Case.from_id(FALSE_ALARM), load_target("emerging-muon-shape-scaling"), "t")
+                  if r.check == "reference")
+    assert "muon fp32@fp32/poly-mild:you/rank-1" in record.tolerance_source
+
+
+@needs_peer
+@pytest.mark.parametrize("wrong", [
+    dict(lr_scale="spectral_norm"),
+    dict(orthogonalizer=Orthogonalizer.polynomial([KELLER_JORDAN_QUINTIC] * 5, eps=1e-7)),
+    dict(momentum="sum"),
+])
+def test_misdeclared_shape_scaling_still_fails_the_false_alarm_case(wrong):
+    case, target = Case.from_id(FALSE_ALARM), Misdeclared("shape_scaling", **wrong)
+    inputs = make_inputs(case)
+    outcome = reference(case, target, inputs, target.run(inputs.params, inputs.grads, case))
+    assert outcome.status == "fail", (wrong, outcome.message)

@@ -69,8 +69,10 @@ def test_unmeasured_noise_key_is_skipped_never_passed(monkeypatch):
 
 
 def test_they_apply_only_with_bf16_single_process_and_full_rank_gradients():
-    assert robust_checks.robust_applicable(BF16, "bf16") == ["norm", "spectrum", "probe"]
-    assert robust_checks.robust_applicable(dataclasses.replace(BF16, optimizer="normuon"), "bf16") == ["norm", "rows", "probe"]
+    assert robust_checks.robust_applicable(BF16, "bf16") == ["norm", "spectrum", "probe", "rescale"]
+    assert robust_checks.robust_applicable(dataclasses.replace(BF16, optimizer="normuon"), "bf16") == [
+        "norm", "rows", "probe", "rescale"]
+    assert robust_checks.robust_applicable(dataclasses.replace(BF16, grad="tiny"), "bf16") == ["norm", "spectrum", "probe"]
     assert robust_checks.robust_applicable(dataclasses.replace(BF16, compute_dtype="fp32"), "fp32") == []
     assert robust_checks.robust_applicable(dataclasses.replace(BF16, grad="rankdef"), "bf16") == []
 
@@ -129,3 +131,22 @@ def test_noise_merge_keeps_each_statistics_worst_sums_counts_and_drops_stale_key
     assert worst == {"k": {"decay": 0.03, "norm": 0.5}} and counts == {"k": 13}
     assert commands == ["python benchmarks/measure_bf16_noise.py  # old.json of 2026-11-29"]
 
+
+def test_rescale_repeats_a_correct_run_and_flags_an_eps_the_normaliser_shows():
+    """Gradients x 2^10 repeat ours and torch bit for bit in bf16 where the declared eps is below half
+    an fp32 ulp of the normaliser; eps = 1e-2 (the catalog's normaliser-eps-large) on a 1 x 16 row
+    (||U|| ~ 8) changes the normaliser at one scale only, and only this relation sees it so clearly."""
+    case = Case.from_id("muon/linear_row-1x16/mb2/noflat/bf16@bf16/ns/rms_norm/plain/wd0.1/steps3/gaussian/seed0")
+    nesterov = dataclasses.replace(case, nesterov=True)  # torch.optim.Muon's bf16 buffer bug shows without it
+    assert statuses("ours", case)["rescale"] == "pass" and statuses("torch", nesterov)["rescale"] == "pass"
+    defect = {r.check: r for r in run_case(case, BY_NAME["normaliser-eps-large"].make(), "eps")}
+    assert defect["rescale"].status == "fail", defect["rescale"]
+
+
+def test_rescale_is_not_judged_where_the_declared_eps_can_show_or_there_is_no_normaliser():
+    # a 1 x 1 matrix view: ||U|| ~ 2e-3 per entry, where eps = 1e-7 exceeds half an fp32 ulp
+    k1 = Case.from_id("muon/conv2d_k1-8x4x1x1/mb3/noflat/bf16@bf16/pe/spectral_norm/plain/wd0.1/steps3/gaussian/seed0")
+    svd = Case.from_id("muon/linear-12x20/mb1/noflat/bf16@fp32/svd/none/plain/wd0/steps1/lowrank/seed0")
+    for case in (k1, svd):
+        out = {r.check: r for r in run_case(case, load_target("ours"), "ours")}["rescale"]
+        assert out.status == "skipped" and out.message.startswith("not judged"), out

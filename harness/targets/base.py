@@ -9,9 +9,10 @@ subclassing `OptimizerTarget` (for any torch.optim.Optimizer) or `Target`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from cases import Case
 from oracles import Conventions
@@ -59,12 +60,22 @@ class OptimizerTarget(Target):
 
     def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
             case: Case) -> list[list[torch.Tensor]]:
-        live = [torch.nn.Parameter(p.detach().clone()) for p in params]
-        optimizer = self.make(live, case)
-        trajectory = []
-        for step_grads in grads:
-            for p, g in zip(live, step_grads):
-                p.grad = g.detach().clone()
-            optimizer.step()
-            trajectory.append([p.detach().clone() for p in live])
-        return trajectory
+        return step_through(self.make, params, grads, case, lambda t: t.detach().clone())
+
+
+def step_through(make: Callable[[list[torch.nn.Parameter], Case], torch.optim.Optimizer],
+                 params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]], case: Case,
+                 place: Callable[[torch.Tensor], torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The one loop that steps a case, on one process or on each rank of a layout: parameters
+    `place(params[i])` (a copy, or this rank's piece), the optimizer `make` builds over them, gradients
+    `place(grads[k][i])` at step k; returns out[k][i], this process's (local) piece of member i after
+    step k, a copy."""
+    live = [torch.nn.Parameter(place(p)) for p in params]
+    optimizer = make(live, case)
+    trajectory = []
+    for step_grads in grads:
+        for p, g in zip(live, step_grads):
+            p.grad = place(g)
+        optimizer.step()
+        trajectory.append([(p.to_local() if isinstance(p, DTensor) else p).detach().clone() for p in live])
+    return trajectory

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 import optimizers
@@ -40,7 +42,12 @@ class OursMuon(OptimizerTarget):
                     **algorithm(case).options(case))
 
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
-        return optimizers.Muon(params, **self.options(case))
+        return self.make_distributed(params, case, None)
+
+    def make_distributed(self, params: list[torch.nn.Parameter], case: Case, mesh: Any) -> torch.optim.Optimizer:
+        """optimizers.Muon over `params` laid out on `mesh` (None: one process), the same protocol
+        method every third-party adapter with a distributed path has."""
+        return optimizers.Muon(params, **self.options(case), mesh=mesh)
 
 
 def target() -> OursMuon:

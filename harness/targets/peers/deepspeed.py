@@ -8,11 +8,14 @@ What its source does (DeepSpeed 0.19.8, original_muon.py):
   - always Nesterov, momentum as an EMA by `lerp`: M <- mu M + (1-mu) G, U = (1-mu) G + mu M;
     the buffer is `zeros_like(p)`, stored in the parameter's dtype.
   - Keller Jordan's quintic, 5 steps, normaliser ||X||_F + 1e-7.
-  - "standard": U cast to `ns_compute_dtype("standard")` (bf16 where supported) then normalised.
+  - "standard": U cast to `ns_compute_dtype("standard")` (bf16 where supported) then normalised;
+    judged on the Newton-Schulz cases.
     "gram": U normalised in its own dtype, then cast to `ns_compute_dtype("gram")` (fp16 where
-    the accelerator supports it, else fp32); the Gram iteration with a restart at step 2 is the
-    same polynomial in exact arithmetic. The adapter asks DeepSpeed for the dtype of each method,
-    so it declares what runs here (on this CPU: gram fp32, standard bf16).
+    the accelerator supports it, else fp32), and the Gram iteration with a restart before step 2
+    (square matrices: the standard one), our Gram Newton-Schulz's restarts: the same polynomial in
+    exact arithmetic, another rounding, so it is judged on the Gram Newton-Schulz cases (token `gns`)
+    under the Gram keys of Keller Jordan's quintic. The adapter asks DeepSpeed for the dtype of each
+    method, so it declares what runs here (on this CPU: gram fp32, standard bf16).
   - 4-D parameters are flattened to [out, in*kh*kw]; 3-D and 5-D ones are batches of their
     trailing matrices (no flatten switch), so the other flatten choice is unsupported.
   - the lr scale is sqrt(max(1, rows/cols)) of the parameter's LAST TWO dims, even when a 4-D
@@ -23,6 +26,7 @@ What its source does (DeepSpeed 0.19.8, original_muon.py):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -32,6 +36,9 @@ from harness.targets.peers import FORMAT_OF, PeerTarget
 from oracles import Conventions, Orthogonalizer
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+ORTHOGONALIZERS = {"gram": "gram_newton_schulz", "standard": "newton_schulz"}
+"""ns_method -> the case orthogonalizer whose cases it is judged on."""
 
 
 class DeepSpeedMuon(PeerTarget):
@@ -55,8 +62,9 @@ class DeepSpeedMuon(PeerTarget):
             return f"DeepSpeed implements Muon only (case: {case.optimizer})"
         if not case.nesterov:
             return "DeepSpeed's Muon is always Nesterov"
-        if case.orthogonalizer != "newton_schulz":
-            return f"DeepSpeed's Muon has only Newton-Schulz (case: {case.orthogonalizer})"
+        if case.orthogonalizer != ORTHOGONALIZERS[self.ns_method]:
+            return (f"DeepSpeed's {self.ns_method} method runs Keller Jordan's quintic by "
+                    f"{ORTHOGONALIZERS[self.ns_method]} only (case: {case.orthogonalizer})")
         if case.adjust_lr != "spectral_norm":
             return f"DeepSpeed's Muon has one lr scale, sqrt(max(1, rows/cols)) (case: {case.adjust_lr})"
         if len(case.shape) > 2 and case.flatten != (len(case.shape) == 4):
@@ -68,8 +76,9 @@ class DeepSpeedMuon(PeerTarget):
         return None
 
     def conventions(self, case: Case) -> Conventions:
+        orth = Orthogonalizer.named("newton_schulz", eps=1e-7)
         return Conventions(
-            orthogonalizer=Orthogonalizer.named("newton_schulz", eps=1e-7),
+            orthogonalizer=dataclasses.replace(orth, iteration="gram") if self.ns_method == "gram" else orth,
             momentum="ema", nesterov="ema", lr_scale="spectral_norm_clamped", lr_dims="last_two",
             compute_dtype=case.compute_dtype, state_dtype=case.param_dtype)
 

@@ -46,21 +46,10 @@ import torch
 from cases import Case
 from harness.targets.peers import PeerTarget
 from oracles import Conventions, Orthogonalizer
-from oracles.coefficients import YOU_QUINTICS
+from oracles.coefficients import POLAR_EXPRESS_4DP, YOU_QUINTICS
 
 EPS = 1e-7
 """`newton_schulz`'s eps: X0 = U / max(||U||_F, eps)."""
-
-POLAR_EXPRESS_4DP: tuple[tuple[float, float, float], ...] = (
-    (8.2051, -22.9019, 16.4607),
-    (4.0664, -2.8612, 0.5184),
-    (3.9096, -2.8234, 0.5250),
-    (3.2856, -2.4153, 0.4853),
-    (2.2779, -1.6198, 0.3985),
-)
-"""The first five entries of its "polar_express" table (muon_utils.py): Polar Express's polynomials
-at x / 1.01, (a/1.01, b/1.01^3, c/1.01^5), to 4 decimals (the first a is 8.2051 where rounding gives
-8.2052). Declared as written: the peer's own coefficients are its convention."""
 
 MATMUL_PRECISION = {"bf16": "medium", "fp32": "highest"}
 """case.compute_dtype -> the `fp32_matmul_prec` under which the peer iterates in that format."""

@@ -1,0 +1,192 @@
+"""The case axes, declared once: how each is spelled in the id, parsed back, stored as a record column,
+drawn by the property tests and filtered in the HTML report.
+
+`TOKENS` lists the id's '/'-separated tokens in order; each writes and reads the `Case` fields it holds
+(the optimizer token holds the optimizer, its fraction and its scope; the dtype token both dtypes).
+Trailing tokens whose case has the default (the layout and world size of one process) are omitted, so
+the parser takes any count between the required tokens and all of them. `COLUMNS` are the record
+columns a case gives each of its records (reports/records.py builds `Record` from them); a column added
+after schema version 1 has a default, and a run stored before it gets the value its case id says
+(reports.records.from_row, through `column_values`); `FILTERS` are the columns the HTML report filters
+by. `AXES` holds each field's domain: what the property tests draw (cases/strategies.py).
+
+Nothing here may change an existing id: tests/test_case_ids_frozen.py holds the tiers' ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from cases import axes, layouts
+
+
+@dataclass(frozen=True)
+class Token:
+    """One id token: `write` spells the case's `fields`, `read` parses them back (KeyError or ValueError
+    on a token that does not fit); `omit` says when an optional (trailing) token is left out."""
+
+    name: str
+    fields: tuple[str, ...]
+    write: Callable[[Any], str]
+    read: Callable[[str], dict[str, Any]]
+    omit: Callable[[Any], bool] | None = None
+
+
+def _prefixed(prefix: str, kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def read(text: str) -> Any:
+        if not text.startswith(prefix):
+            raise ValueError(f"token {text!r} must read {prefix}<value>")
+        return kind(text.removeprefix(prefix))
+    return read
+
+
+def _read_optimizer(text: str) -> dict[str, Any]:
+    name, *selection = text.split("-")
+    if len(selection) > 2 or (selection and not selection[0].startswith("f")):
+        raise ValueError(f"optimizer token {text!r} must read NAME[-f<fraction>[-<scope>]]")
+    return {"optimizer": name, "fraction": float(selection[0].removeprefix("f")) if selection else None,
+            "scope": selection[1] if len(selection) == 2 else None}
+
+
+def _read_dtypes(text: str) -> dict[str, Any]:
+    param, sep, compute = text.partition("@")
+    if not sep:
+        raise ValueError(f"dtype token {text!r} must read <param>@<compute>")
+    return {"param_dtype": param, "compute_dtype": compute}
+
+
+_ORTH_NAMES = {token: name for name, token in axes.ORTH_TOKENS.items()}
+_FLATTEN = {"flat": True, "noflat": False}
+_NESTEROV = {"nesterov": True, "plain": False}
+
+TOKENS: tuple[Token, ...] = (
+    Token("optimizer", ("optimizer", "fraction", "scope"), lambda c: c.optimizer_token, _read_optimizer),
+    Token("layer", ("layer",), lambda c: f"{c.layer}-{c.shape_text}",
+          lambda t: {"layer": t.rpartition("-")[0]}),  # the shape after it is checked by the canonical id
+    Token("megabatch", ("megabatch",), lambda c: f"mb{c.megabatch}",
+          lambda t: {"megabatch": _prefixed("mb", int)(t)}),
+    Token("flatten", ("flatten",), lambda c: "flat" if c.flatten else "noflat", lambda t: {"flatten": _FLATTEN[t]}),
+    Token("dtypes", ("param_dtype", "compute_dtype"), lambda c: f"{c.param_dtype}@{c.compute_dtype}", _read_dtypes),
+    Token("orthogonalizer", ("orthogonalizer",), lambda c: axes.ORTH_TOKENS[c.orthogonalizer],
+          lambda t: {"orthogonalizer": _ORTH_NAMES[t]}),
+    Token("adjust_lr", ("adjust_lr",), lambda c: c.adjust_lr, lambda t: {"adjust_lr": t}),
+    Token("nesterov", ("nesterov",), lambda c: "nesterov" if c.nesterov else "plain",
+          lambda t: {"nesterov": _NESTEROV[t]}),
+    Token("weight_decay", ("weight_decay",), lambda c: f"wd{c.weight_decay:g}",
+          lambda t: {"weight_decay": _prefixed("wd", float)(t)}),
+    Token("steps", ("steps",), lambda c: f"steps{c.steps}", lambda t: {"steps": _prefixed("steps", int)(t)}),
+    Token("grad", ("grad",), lambda c: c.grad, lambda t: {"grad": t}),
+    Token("seed", ("seed",), lambda c: f"seed{c.seed}", lambda t: {"seed": _prefixed("seed", int)(t)}),
+    Token("layout", ("layout",), lambda c: c.layout, lambda t: {"layout": t}, omit=lambda c: c.layout == "single"),
+    Token("world_size", ("world_size",), lambda c: f"ws{c.world_size}",
+          lambda t: {"world_size": _prefixed("ws", int)(t)}, omit=lambda c: c.world_size == 1),
+)
+"""The id's tokens in order (see cases/case.py for an annotated id)."""
+
+REQUIRED_TOKENS = sum(1 for t in TOKENS if t.omit is None)
+if any(t.omit is None for t in TOKENS[REQUIRED_TOKENS:]):
+    raise AssertionError("optional id tokens must all come after the required ones")
+
+
+def write_id(case: Any) -> str:
+    """The case's id: its tokens in order, the optional ones its case leaves at their default omitted."""
+    return "/".join(t.write(case) for t in TOKENS if t.omit is None or not t.omit(case))
+
+
+def read_id(case_id: str) -> dict[str, Any]:
+    """The `Case` fields an id spells (not yet validated: `Case.from_id` builds and checks the case).
+    ValueError when the count of tokens is outside [required, all]; KeyError or ValueError naming a
+    token that does not fit."""
+    parts = case_id.split("/")
+    if not REQUIRED_TOKENS <= len(parts) <= len(TOKENS):
+        raise ValueError(f"expected {REQUIRED_TOKENS} to {len(TOKENS)} '/'-separated tokens "
+                         f"({', '.join(t.name for t in TOKENS)}), got {len(parts)}")
+    fields: dict[str, Any] = {}
+    for token, text in zip(TOKENS, parts):
+        fields.update(token.read(text))
+    return fields
+
+
+@dataclass(frozen=True)
+class Column:
+    """A record column a case gives each of its records: `value(case)` of type `kind`. `since`: the
+    schema version that added it (reports/records.py SCHEMA_VERSION); after version 1 it has a
+    `default` (the value of a row whose case id does not parse). `filter`: the HTML report has a
+    <select> filter for it."""
+
+    name: str
+    kind: type
+    value: Callable[[Any], Any]
+    since: int = 1
+    default: Any = None
+    filter: bool = False
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("world_size", int, lambda c: c.world_size),
+    Column("layout", str, lambda c: c.layout_detail, filter=True),
+    Column("optimizer", str, lambda c: c.optimizer, filter=True),
+    Column("layer", str, lambda c: c.kind, filter=True),
+    Column("shape", str, lambda c: c.shape_text),
+    Column("megabatch", int, lambda c: c.megabatch),
+    Column("flatten", bool, lambda c: c.flatten),
+    Column("param_dtype", str, lambda c: c.param_dtype, filter=True),
+    Column("compute_dtype", str, lambda c: c.compute_dtype, filter=True),
+    Column("orthogonalizer", str, lambda c: c.orthogonalizer, filter=True),
+    Column("adjust_lr", str, lambda c: c.adjust_lr, since=4, default="", filter=True),
+    Column("nesterov", str, lambda c: "nesterov" if c.nesterov else "plain", since=4, default=""),
+    Column("weight_decay", float, lambda c: c.weight_decay, since=4, default=math.nan),
+    Column("steps", int, lambda c: c.steps, since=4, default=0),
+    Column("grad", str, lambda c: c.grad, since=4, default="", filter=True),
+    Column("seed", int, lambda c: c.seed, since=4, default=-1),
+    Column("fraction", str, lambda c: "" if c.fraction is None else f"{c.fraction:g}", since=4, default=""),
+    Column("scope", str, lambda c: c.scope or "", since=4, default=""),
+)
+"""Record columns from the case, in order. Those of version 1 sit between `backend` and `status` of
+`Record`; later ones after every other column, so that the stored column order only grows at the end.
+`layer` is the layer's kind and `layout` names its pieces (shard0-uneven), as the reports group by them;
+`fraction` is text as the id spells it, empty for an optimizer without one."""
+
+
+def column_values(case: Any) -> dict[str, Any]:
+    """Every case column's value for `case`."""
+    return {c.name: c.value(case) for c in COLUMNS}
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A `Case` field's domain, as the property tests draw it: `values` (the finite values the tiers and
+    strategies use) and, for an open numeric axis, `span` (lo, hi) of what else may be drawn;
+    `draw` says which: "values", "span", or "values|span" (either)."""
+
+    field: str
+    values: tuple[Any, ...]
+    span: tuple[float, float] | None = None
+    draw: str = "values"
+
+
+AXES: dict[str, Axis] = {a.field: a for a in (
+    Axis("optimizer", axes.OPTIMIZERS),
+    Axis("fraction", axes.FRACTIONS, (0.01, 1.0), "values|span"),
+    Axis("scope", axes.SCOPES),
+    Axis("layer", tuple(axes.all_layers())),
+    Axis("megabatch", axes.MEGABATCH_SIZES),
+    Axis("flatten", (False, True)),
+    Axis("param_dtype", axes.DTYPES),
+    Axis("compute_dtype", axes.DTYPES),
+    Axis("orthogonalizer", axes.ORTHOGONALIZERS),  # Gram NS: cases of its own generator (axes.GRAM)
+    Axis("adjust_lr", axes.ADJUST_LR),
+    Axis("nesterov", (False, True)),
+    Axis("weight_decay", axes.WEIGHT_DECAYS),
+    Axis("steps", axes.STEPS, (1, 3), "span"),
+    Axis("grad", axes.GRADIENTS),
+    Axis("seed", (0,), (0, 2**16), "span"),
+    Axis("layout", layouts.LAYOUTS),
+    Axis("world_size", (1, *layouts.NIGHTLY_WORLD_SIZES)),
+)}
+"""Every `Case` field's drawn domain (tensor-parallel layouts are spelled by cases/layouts.py, not listed)."""
+
+FILTERS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.filter)
+"""The case columns the HTML report filters by."""

@@ -1,0 +1,132 @@
+"""CUDA graphs of small megabatch orthogonalizations (`Muon(cuda_graphs=True)`): fewer launches.
+
+A polynomial orthogonalization of one megabatch is ~30 kernel launches (normalise, then per step
+X Xᵀ, bA + cA², and the product with X); on sets of many small matrices (GPT-2 small, ConvNeXt) a
+step is bound by the host issuing them, not by the GPU. A CUDA graph captures one megabatch's whole
+matrix update once and replays it as one launch, reading a fixed input buffer (the stacked
+directions are written into it) and writing a fixed output buffer (read by the step's apply
+before the next replay, which comes only in the next step, on the same stream).
+
+Captured: a megabatch in one process (no exchange) on CUDA, of an algorithm whose matrix stages are
+Muon's whole-matrix select and `orthogonalize_group` (Muon, NorMuon), with an orthogonalizer in
+`CAPTURED` and at most `MAX_NUMEL` elements per stack (above that the GPU is the bound and a graph
+would only hold memory). Gram Newton–Schulz reads a divergence flag on the host, which a graph
+cannot: under capture it records the flag on the device instead (gram_newton_schulz.deferred_checks),
+and after each replay the flags are read (one synchronisation per megabatch, as eager has); if any
+matrix diverged, the whole update is recomputed eagerly, where the standard-iteration fallback runs.
+Not captured: SVD (cuSOLVER checks its info on the host) and every other algorithm; these run
+eagerly as before. A graph replays exactly the kernels the eager call runs, on the same inputs, so
+its result is the eager one bit for bit.
+
+Graphs belong to one validated plan (optimizers/plan.py): a new plan (a changed parameter, option or
+state entry) starts with none. A plan's first step runs eagerly; its second captures (after two
+warm-up calls on a side stream, as torch's CUDA-graph notes ask); later steps replay. The graphs of a
+plan share one memory pool, replayed in the order they were captured. A capture that fails leaves
+that megabatch eager for the plan's lifetime: the step still completes (its checks ran before).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from optimizers import gram_newton_schulz as gram
+from optimizers.algorithms.base import Algorithm, select_all
+from optimizers.algorithms.muon import orthogonalize_group
+
+CAPTURED = ("polar_express", "newton_schulz", "gram_newton_schulz")
+"""Orthogonalizers whose megabatch update can be captured: the polynomials have no host
+synchronisation; Gram Newton–Schulz's divergence check is deferred past the replay."""
+
+MAX_NUMEL = 1 << 25
+"""Largest stack (elements) captured: 32 Mi elements, e.g. 12 GPT-2 MLP matrices 3072 x 768 (28 Mi)."""
+
+WARMUP = 2
+"""Eager calls on a side stream before a capture."""
+
+
+def capturable(algorithm: Algorithm, group: dict, stack: torch.Tensor) -> bool:
+    """True when `group`'s megabatch update of `stack` (one process, no exchange) may be captured:
+    on CUDA, and `captures` says so."""
+    return stack.device.type == "cuda" and captures(algorithm, group, stack.numel())
+
+
+def captures(algorithm: Algorithm, group: dict, numel: int) -> bool:
+    """The device-free rule (module docstring): Muon's matrix stages, an orthogonalizer in CAPTURED,
+    1 to MAX_NUMEL elements."""
+    return (algorithm.select is select_all and algorithm.orthogonalize is orthogonalize_group
+            and group["orthogonalizer"] in CAPTURED and 0 < numel <= MAX_NUMEL)
+
+
+class Graphed:
+    """`update` captured for stacks of one shape, dtype and device: `run(directions)` stacks them into
+    the input buffer, replays, and returns the output buffer (valid until the next replay), or None when
+    a Gram result of the replay diverged (the caller then recomputes the update eagerly)."""
+
+    def __init__(self, update: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor,
+                 pool: tuple) -> None:
+        self.input = example.clone()
+        self.replays = 0
+        self.checks = self._capture(update, pool)
+
+    def _capture(self, update: Callable[[torch.Tensor], torch.Tensor], pool: tuple) -> gram.DeferredChecks:
+        """Warm up on a side stream, then capture into `self.graph`, writing `self.output`."""
+        side, main = torch.cuda.Stream(self.input.device), torch.cuda.current_stream(self.input.device)
+        side.wait_stream(main)
+        with gram.deferred_checks(), torch.cuda.stream(side):  # warm-ups are not counted in gram.STATS
+            for _ in range(WARMUP):
+                update(self.input)
+        main.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with gram.deferred_checks() as checks, torch.cuda.graph(self.graph, pool=pool):
+            self.output = update(self.input)
+        return checks
+
+    def _replay(self) -> None:
+        self.graph.replay()
+
+    def run(self, directions: list[torch.Tensor]) -> torch.Tensor | None:
+        torch.stack(directions, out=self.input)
+        self._replay()
+        self.replays += 1
+        if self.checks.diverged():
+            return None
+        gram.STATS.gram += self.checks.matrices
+        return self.output
+
+
+class PlanGraphs:
+    """The graphs of one plan, by (group index, megabatch index); `None` marks an eager megabatch
+    (not capturable, or its capture failed). `armed` turns true after the plan's first step."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple[int, int], Graphed | None] = {}
+        self.armed = False
+        self.pool: tuple | None = None
+        self.failures: list[str] = []
+
+    def run(self, key: tuple[int, int], update: Callable[[torch.Tensor], torch.Tensor],
+            directions: list[torch.Tensor], eligible: Callable[[torch.Tensor], bool]) -> torch.Tensor:
+        """The megabatch's update of `directions`: replayed, captured now, or eager."""
+        graphed = self.graphs.get(key, False)
+        if graphed:
+            out = graphed.run(directions)
+            return update(graphed.input) if out is None else out
+        stack = torch.stack(directions)
+        if graphed is None or not self.armed:
+            return update(stack)
+        if not eligible(stack):
+            self.graphs[key] = None
+            return update(stack)
+        try:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graphed = Graphed(update, stack, self.pool)
+        except Exception as exc:  # noqa: BLE001 - an uncapturable update stays eager; the step goes on
+            self.graphs[key], self.pool = None, None  # later captures take a fresh pool
+            self.failures.append(f"megabatch {key}: {type(exc).__name__}: {exc}")
+            return update(stack)
+        self.graphs[key] = graphed
+        out = graphed.run(directions)
+        return update(graphed.input) if out is None else out

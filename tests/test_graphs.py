@@ -1,0 +1,152 @@
+"""Muon(cuda_graphs=True) (optimizers/graphs.py): which megabatches are captured, the plan's
+eager / capture / replay sequence, a failed capture left eager, and the option's check. The CUDA
+graphs themselves: tests/test_perf_cuda.py (bitwise equal to eager on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimizers import Muon, graphs
+from optimizers import gram_newton_schulz as gram
+from optimizers.algorithms import ADAMW, DION2, MUON, NORMUON
+
+SHAPES = ((6, 10), (6, 10), (10, 6), (4, 3, 2, 2))
+
+
+def make(seed=0, **options):
+    g = torch.Generator().manual_seed(seed)
+    ps = [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in SHAPES]
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=g)
+    return Muon(ps, flatten=True, **options), ps
+
+
+def regrad(ps, step):
+    g = torch.Generator().manual_seed(100 + step)
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+@pytest.mark.parametrize("algorithm, orthogonalizer, numel, expected", [
+    (MUON, "polar_express", 60, True), (MUON, "newton_schulz", 60, True), (NORMUON, "polar_express", 60, True),
+    (MUON, "gram_newton_schulz", 60, True), (MUON, "svd", 60, False), (DION2, "polar_express", 60, False),
+    (ADAMW, "polar_express", 60, False), (MUON, "polar_express", graphs.MAX_NUMEL, True),
+    (MUON, "polar_express", graphs.MAX_NUMEL + 1, False), (MUON, "polar_express", 0, False)])
+def test_which_megabatches_are_captured(algorithm, orthogonalizer, numel, expected):
+    assert graphs.captures(algorithm, {"orthogonalizer": orthogonalizer}, numel) is expected
+
+
+def test_nothing_is_captured_off_cuda():
+    assert not graphs.capturable(MUON, {"orthogonalizer": "polar_express"}, torch.zeros(2, 3, 4))
+
+
+class FakeGraphed(graphs.Graphed):
+    """A CUDA graph's stand-in on CPU: "capture" and "replay" run the update eagerly, the replay
+    into the fixed output buffer, both with Gram's checks deferred, as under a real capture."""
+
+    captures: list = []
+
+    def _capture(self, update, pool):
+        FakeGraphed.captures.append(tuple(self.input.shape))
+        self.update = update
+        with gram.deferred_checks() as checks:
+            self.output = update(self.input)
+        return checks
+
+    def _replay(self):
+        with gram.deferred_checks() as self.checks:
+            self.output.copy_(self.update(self.input))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    FakeGraphed.captures = []
+    monkeypatch.setattr(graphs, "Graphed", FakeGraphed)
+    monkeypatch.setattr(graphs.torch.cuda, "graph_pool_handle", lambda: ("pool",))
+    monkeypatch.setattr("optimizers.plan.graph_eligible",
+                        lambda algorithm, group, stack: graphs.captures(algorithm, group, stack.numel()))
+
+
+def test_a_plan_runs_eagerly_then_captures_then_replays_with_the_eager_results(fake_cuda):
+    with_graphs, ps = make(cuda_graphs=True)
+    eager, qs = make()
+    for step in range(5):
+        with_graphs.step()
+        eager.step()
+        assert all(torch.equal(p, q) for p, q in zip(ps, qs)), step
+        regrad(ps, step)
+        regrad(qs, step)
+        if step == 1:  # step 0 created the state (a new plan at step 1): nothing captured yet
+            assert FakeGraphed.captures == []
+    # step 2 captured the plan's 3 megabatches ((6, 10) x2, (10, 6), the conv); steps 3, 4 replayed
+    assert FakeGraphed.captures == [(2, 6, 10), (1, 10, 6), (1, 4, 3, 2, 2)]
+    assert [g.replays for g in with_graphs._cached.graphs.graphs.values()] == [3, 3, 3]
+
+
+def test_a_new_plan_starts_without_graphs(fake_cuda):
+    opt, ps = make(cuda_graphs=True)
+    for _ in range(3):
+        opt.step()
+    old = opt._cached.graphs
+    assert len(old.graphs) == 3
+    opt.param_groups[0]["momentum"] = 0.9
+    opt.step()
+    assert opt._cached.graphs is not old and opt._cached.graphs.graphs == {}
+
+
+def test_an_ineligible_orthogonalizer_stays_eager(fake_cuda):
+    opt, ps = make(cuda_graphs=True, orthogonalizer="svd")
+    for _ in range(4):
+        opt.step()
+    assert FakeGraphed.captures == [] and set(opt._cached.graphs.graphs.values()) == {None}
+
+
+def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, monkeypatch):
+    """Gram Newton-Schulz under a graph: the same results and Gram counts as eager; when a result
+    diverges (every one, with DIVERGED at 0), the replay's flag sends the megabatch to the eager
+    update, whose standard-iteration fallback gives eager's results and counts."""
+    for diverged in (gram.DIVERGED, 0.0):
+        monkeypatch.setattr(gram, "DIVERGED", diverged)
+        with_graphs, ps = make(cuda_graphs=True, orthogonalizer="gram_newton_schulz")
+        eager, qs = make(orthogonalizer="gram_newton_schulz")
+        counts = []
+        for opt in (with_graphs, eager):
+            gram.STATS.gram = gram.STATS.fallbacks = 0
+            for _ in range(5):
+                opt.step()
+            counts.append((gram.STATS.gram, gram.STATS.fallbacks))
+        assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+        assert counts[0] == counts[1] and counts[0][0] > 0, counts
+        assert counts[0][1] == (counts[0][0] if diverged == 0.0 else 0)
+        assert [g.replays for g in with_graphs._cached.graphs.graphs.values()] == [3, 3, 3]
+
+
+def test_a_failed_capture_leaves_the_megabatch_eager_and_the_step_complete(fake_cuda, monkeypatch):
+    def refuse(update, example, pool):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(graphs, "Graphed", refuse)
+    with_graphs, ps = make(cuda_graphs=True)
+    eager, qs = make()
+    for _ in range(4):
+        with_graphs.step()
+        eager.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    assert len(with_graphs._cached.graphs.failures) == 3
+    assert set(with_graphs._cached.graphs.graphs.values()) == {None}
+
+
+def test_off_cuda_the_option_changes_nothing():
+    with_graphs, ps = make(cuda_graphs=True)
+    eager, qs = make()
+    for _ in range(3):
+        with_graphs.step()
+        eager.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    assert set(with_graphs._cached.graphs.graphs.values()) == {None}
+
+
+def test_cuda_graphs_must_be_a_bool():
+    p = torch.nn.Parameter(torch.zeros(3, 3))
+    with pytest.raises(TypeError, match=r"Muon\(cuda_graphs=...\) must be a bool"):
+        Muon([p], cuda_graphs="yes")

@@ -1,0 +1,151 @@
+"""The tolerance policy is keyed by the schedule a target declares, and every schedule a built-in peer
+adapter declares is measured, with our optimizer running its coefficients (never with the peer).
+
+Before, keys named a schedule class only: `muon fp32@fp32/poly-mild/rank-1` was measured on Keller
+Jordan's quintic alone, and a correct fp32 Muon running Jiacheng You's quintics (emerging-optimizers
+with `shape_scaling`) failed the CI case ROW_YOU at ratio 1.65 under it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from cases import Case, tier
+from harness import tolerance
+from harness.checks import reference
+from harness.inputs import make_inputs
+from harness.runner import run_case
+from harness.targets import load_target
+from harness.targets.ours import OursMuon
+from oracles import Orthogonalizer
+
+ROW_YOU = "muon/linear_row-1x16/mb2/noflat/fp32@fp32/ns/{lr}/nesterov/wd0/steps3/lowrank/seed0"
+"""The CI case of the false alarm (lr spectral_norm); with lr none our optimizer's step on a 1 x 16 matrix
+has the size of the peer's shape_scaling step (scale 1), the size at which the rounding shows."""
+
+PEER_SCHEDULES = {
+    "deepspeed-gram": {"gram-poly-mild"},
+    "deepspeed-standard": {"poly-mild"},
+    "dion": {"poly-mild:you", "poly-steep:pe102"},
+    "dtensor-muon": {"poly-mild", "poly-steep:pe102"},
+    "heavyball": {"poly-mild:you"},
+    "gram-newton-schulz": {"poly-mild:you", "poly-steep:pe105", "gram-poly-steep:pe105"},
+    "emerging-muon": {"poly-mild:you", "poly-steep:pe4dp"},
+    "emerging-muon-shape-scaling": {"poly-mild:you", "poly-steep:pe4dp"},
+}
+"""The key schedule of every orthogonalizer each built-in peer adapter runs (ns, pe, gns cases)."""
+
+
+def _measure_module():
+    path = Path(__file__).parents[1] / "benchmarks" / "measure_tolerances.py"
+    spec = importlib.util.spec_from_file_location("measure_tolerances", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MEASURE = _measure_module()
+
+
+CPU_DTYPES = {"deepspeed-gram": "fp32", "deepspeed-standard": "bf16"}
+"""What DeepSpeed computes each method in on a CPU (it asks its accelerator; here without DeepSpeed)."""
+
+
+def declared_schedules(alias: str) -> set[str]:
+    """The key schedules adapter `alias` declares over the CI cases it runs."""
+    target = load_target(alias)
+    if alias in CPU_DTYPES and target.module is None:
+        target.compute_dtype = lambda: CPU_DTYPES[alias]
+    return {tolerance.schedule_of(target.conventions(case).orthogonalizer) for case in tier("ci")
+            if case.orthogonalizer != "svd" and target.peer_unsupported(case) is None}
+
+
+@pytest.mark.parametrize("alias", sorted(PEER_SCHEDULES))
+def test_every_builtin_peer_schedule_is_named_and_measured(alias):
+    """Each declared schedule is ours or named in tolerance.SCHEDULES (an unnamed one would be keyed by a
+    digest and never measured), and the CPU evidence has entries for it."""
+    schedules = declared_schedules(alias)
+    assert schedules == PEER_SCHEDULES[alias]
+    measured = tolerance.evidence("cpu").entries
+    for schedule in schedules:
+        assert any(f"/{schedule}/" in key for key in measured), f"{alias}: no cpu entry for {schedule}"
+
+
+def test_schedule_names_come_from_the_declared_coefficients():
+    assert tolerance.schedule_of(Orthogonalizer.named("newton_schulz")) == "poly-mild"
+    assert tolerance.schedule_of(Orthogonalizer.named("polar_express")) == "poly-steep"
+    assert tolerance.schedule_of(Orthogonalizer.named("gram_newton_schulz")) == "gram-poly-steep"
+    assert tolerance.schedule_of(Orthogonalizer.named("svd")) == "svd"
+    for name, (coefficients, scale) in tolerance.SCHEDULES.items():
+        spec = Orthogonalizer.polynomial(coefficients, eps=1e-7, scale=scale)
+        assert tolerance.schedule_of(spec) == f"{tolerance.schedule_class(spec)}:{name}"
+    # the coefficients name the schedule; the normaliser moves the singular values, which A accounts for
+    you = tolerance.SCHEDULES["you"][0]
+    assert tolerance.schedule_of(Orthogonalizer.polynomial(you, eps=1e-8, scale=1.01, form="clamp")) == "poly-mild:you"
+    tweaked = tolerance.schedule_of(Orthogonalizer.polynomial([(a, b, c * 1.001) for a, b, c in you], eps=1e-7))
+    assert tweaked.startswith("poly-mild:x") and tweaked != "poly-mild:you"
+
+
+def test_an_unnamed_schedule_is_unsupported_with_how_to_measure_it():
+    """A schedule no one measured is a gap of the policy: unsupported, saying how to name and measure it."""
+
+    class Unnamed(OursMuon):
+        def conventions(self, case):
+            conv = super().conventions(case)
+            tweaked = tuple((a, b, c * 1.001) for a, b, c in conv.orthogonalizer.schedule)
+            return dataclasses.replace(conv, orthogonalizer=dataclasses.replace(conv.orthogonalizer,
+                                                                                schedule=tweaked))
+
+    got = {r.check: r for r in run_case(Case.from_id(ROW_YOU.format(lr="none")), Unnamed(), "test")}
+    assert got["reference"].status == "unsupported"
+    assert "no entry for muon fp32@fp32/poly-mild:x" in got["reference"].message
+    assert "harness.tolerance.SCHEDULES" in got["reference"].message
+
+
+def test_a_correct_muon_with_you_quintics_passes_the_false_alarm_case():
+    """Our optimizer running You's quintics (what the peer runs) on the false alarm's case at the peer's
+    step size passes under its own key; Keller Jordan's key could not have judged it: the step needs a
+    coefficient above that key's, and our own quintic needs a hundredth of it on the same case."""
+    case = Case.from_id(ROW_YOU.format(lr="none"))
+    you = MEASURE.DeclaredSchedule("you")
+    inputs = make_inputs(case)
+    outcome = reference(case, you, inputs, you.run(inputs.params, inputs.grads, case))
+    assert outcome.status == "pass", outcome.message
+    assert "poly-mild:you/rank-1" in outcome.tolerance.source
+    needed = max(c for _, c, _ in MEASURE.measure(case, you, inputs.params[0].device))
+    kj_key = tolerance.evidence("cpu").entries["muon fp32@fp32/poly-mild/rank-1"]
+    assert needed > tolerance.coefficient(kj_key.worst)
+    ours = max(c for _, c, _ in MEASURE.measure(case, OursMuon(), inputs.params[0].device))
+    assert ours < needed / 20
+
+
+def test_you_quintics_declared_as_keller_jordans_still_fail():
+    """Negative control: the same run declared as our quintic (a misdeclared schedule) fails."""
+
+    class Misdeclared(MEASURE.DeclaredSchedule):
+        def conventions(self, case):
+            return OursMuon.conventions(self, case)
+
+    case = Case.from_id(ROW_YOU.format(lr="none"))
+    target = Misdeclared("you")
+    inputs = make_inputs(case)
+    assert reference(case, target, inputs, target.run(inputs.params, inputs.grads, case)).status == "fail"
+
+
+def test_probe_flags_a_target_declaring_cautious_decay_that_decays_everything():
+    """Negative control of the cautious decay relation: our Muon (which decays every entry) declared as
+    cautious fails it; declared as it is, it passes."""
+    from harness.robust_checks import probe_check
+
+    class CautiousClaim(OursMuon):
+        def conventions(self, case):
+            return dataclasses.replace(super().conventions(case), weight_decay_mask="cautious")
+
+    case = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0.1/steps1/gaussian/seed0")
+    inputs = make_inputs(case)
+    for target, status in ((CautiousClaim(), "fail"), (OursMuon(), "pass")):
+        traj = target.run(inputs.params, inputs.grads, case)
+        assert probe_check(case, target, inputs, traj).status == status
