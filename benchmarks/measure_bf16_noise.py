@@ -6,11 +6,24 @@ runs ours over every CI layer x flatten x Nesterov x gradient kind
 (robust_checks.GRADIENTS; seed 0, megabatch 1: members are independent; 3 steps, weight decay 0.1, lr modes
 cycling; Dion2 and NorDion2 with fraction MEASURED_FRACTION and no Nesterov, which they lack),
 computes every statistic
-exactly as the checks do, and keeps per key the worst
-|value|, the 99th percentile and the number of cases. The larger nightly layers are not measured
-(their bf16 runs cost minutes each on CPU), so the robust checks judge only the measured layers.
+exactly as the checks do, and keeps per key the worst |value| and the number of cases. The larger
+nightly layers are not measured (their bf16 runs cost minutes each on CPU), so the robust checks
+judge only the measured layers.
 
-  python benchmarks/measure_bf16_noise.py [--jobs N] [--out harness/bf16_noise.json]
+--drawn N also measures the cases among N drawn by the property tests' strategy (cases.strategies,
+as benchmarks/measure_tolerances.py --drawn) that the robust checks judge: any megabatch, 1-3 steps,
+any seed, weight decay and fraction, so the noise of every key is measured where the property tests
+reach it, not only on seed 0 at megabatch 1 (a drawn linear_row case with tiny gradients measured
+its norm statistic at 1.1x the tolerance its key's 26 seed-0 cases gave). --tier none measures drawn
+cases alone; --seeds N measures every grid point at seeds 0..N-1 (the noise of a
+matrix with one singular value, linear_row, is its one scalar's rounding: no averaging, so its worst
+needs more draws); --skip REGEX leaves out cases whose id matches; --merge FILE ... folds earlier
+measurement files into --out (per key and statistic the worst of all, counts summed; the measuring
+commands listed in "commands"), --drop REGEX leaving out their keys that match (stale ones, measured
+before their statistic changed).
+
+  python benchmarks/measure_bf16_noise.py [--jobs N] [--out harness/bf16_noise.json] [--tier ci|none] [--seeds N]
+      [--skip REGEX] [--drawn N --drawn-seed S --optimizers NAME ...] [--merge FILE ... [--drop REGEX]]
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import datetime
 import itertools
 import json
 import multiprocessing
+import re
 import sys
 from pathlib import Path
 
@@ -32,14 +46,15 @@ from cases import Case, axes  # noqa: E402
 from harness import robust_checks  # noqa: E402
 from harness.inputs import make_inputs  # noqa: E402
 from harness.targets import load_target  # noqa: E402
+from benchmarks.measure_tolerances import drawn  # noqa: E402
 
 
 MEASURED_FRACTION = 0.5
 """The fraction of slices Dion2 and NorDion2 select in the measurement."""
 
 
-def measurement_cases() -> list[Case]:
-    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov."""
+def measurement_cases(seeds: int = 1) -> list[Case]:
+    """The cases measured: every bf16 noise key over every CI layer, flatten, Nesterov and seeds 0..seeds-1."""
     out = []
     cycle = itertools.count()
     # Gram Newton-Schulz last, so that adding it left the other keys' cases (and lr modes) as they were.
@@ -50,7 +65,7 @@ def measurement_cases() -> list[Case]:
             continue
         for layer, (_, shape) in axes.LAYERS.items():
             selecting = optimizer in axes.SELECTING
-            for flatten, nesterov, seed, grad in itertools.product((False, True), (False, True), (0,),
+            for flatten, nesterov, seed, grad in itertools.product((False, True), (False, True), range(seeds),
                                                                    robust_checks.GRADIENTS):
                 if (flatten and len(shape) < 3) or (selecting and nesterov):
                     continue
@@ -70,25 +85,63 @@ def measure(case_id: str) -> tuple[str, dict[str, float]]:
     return robust_checks.noise_key(case, case.compute_dtype), values
 
 
+def merged(worst: dict[str, dict[str, float]], counts: dict[str, int], files: list[Path], drop: str | None
+           ) -> tuple[dict[str, dict[str, float]], dict[str, int], list[str]]:
+    """`worst` and `counts` with the measurement `files` folded in, except their keys matching `drop`: per
+    key and statistic the largest worst, counts summed; and the files' commands, each once."""
+    worst = {k: dict(v) for k, v in worst.items()}
+    counts, commands = dict(counts), []
+    for path in files:
+        data = json.loads(path.read_text())
+        made = data.get("commands", [f"python benchmarks/measure_bf16_noise.py  # {path.name} of {data['date']}"])
+        commands += [c for c in made if c not in commands]
+        for key, stats in data["worst"].items():
+            if drop and re.search(drop, key):
+                continue
+            mine = worst.setdefault(key, {})
+            for stat, value in stats.items():
+                mine[stat] = max(mine.get(stat, 0.0), value)
+            counts[key] = counts.get(key, 0) + data["cases"][key]
+    return ({k: dict(sorted(v.items())) for k, v in sorted(worst.items())}, dict(sorted(counts.items())),
+            commands)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=max(1, multiprocessing.cpu_count()))
     parser.add_argument("--out", type=Path, default=robust_checks.NOISE_FILE)
+    parser.add_argument("--tier", default="ci", choices=("ci", "none"),
+                        help="ci: the cases above; none: only --drawn cases")
+    parser.add_argument("--seeds", type=int, default=1, help="ci: case seeds 0..N-1 at every grid point")
+    parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")
+    parser.add_argument("--drawn", type=int, default=0, help="also the judged cases among N drawn by the "
+                        "property tests' strategy")
+    parser.add_argument("--drawn-seed", type=int, default=0, help="Hypothesis seed of --drawn")
+    parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
+    parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
     args = parser.parse_args()
-    ids = [c.id for c in measurement_cases()]
+    missing = [str(p) for p in args.merge if not p.is_file()]
+    if args.drawn < 0 or args.seeds < 1 or missing:
+        parser.error(f"--merge: no such file {missing}" if missing else "--drawn must be >= 0 and --seeds >= 1")
+    cases = measurement_cases(args.seeds) if args.tier == "ci" else []
+    cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers))
+              if robust_checks.applies(c, c.compute_dtype) and c not in set(cases)]
+    ids = [c.id for c in cases if not (args.skip and re.search(args.skip, c.id))]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         results = pool.map(measure, ids, chunksize=4)
     per_key: dict[str, dict[str, list[float]]] = {}
     for key, values in results:
         for stat, value in values.items():
             per_key.setdefault(key, {}).setdefault(stat, []).append(abs(value))
-    worst = {k: {s: float(np.max(v)) for s, v in sorted(stats.items())} for k, stats in sorted(per_key.items())}
-    p99 = {k: {s: float(np.percentile(v, 99)) for s, v in sorted(stats.items())} for k, stats in sorted(per_key.items())}
-    counts = {k: len(next(iter(stats.values()))) for k, stats in sorted(per_key.items())}
+    worst = {k: {s: float(np.max(v)) for s, v in stats.items()} for k, stats in per_key.items()}
+    counts = {k: len(stats["norm"]) for k, stats in per_key.items()}
+    command = "python benchmarks/measure_bf16_noise.py " + " ".join(a for a in sys.argv[1:])
+    worst, counts, commands = merged(worst, counts, args.merge, args.drop)
     data = {"about": "worst |statistic| of optimizers.Muon (ours) per bf16 noise key; written by "
                      "benchmarks/measure_bf16_noise.py", "torch": torch.__version__,
-            "date": datetime.date.today().isoformat(), "layers": sorted(axes.LAYERS), "cases": counts,
-            "worst": worst, "p99": p99}
+            "date": datetime.date.today().isoformat(), "layers": sorted(axes.LAYERS),
+            "commands": [command, *commands], "cases": counts, "worst": worst}
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     for key in worst:
         print(f"{key:36} n={counts[key]:4} " + "  ".join(f"{s} {worst[key][s]:.2e}" for s in worst[key]))

@@ -53,7 +53,9 @@ class Algorithm:
     equivalent(case): a case of another algorithm whose steps this case's must equal (or None);
     layout_invariant(case): whether a distributed step must equal the single-process step;
     options(case): the algorithm's own optimizer options a case sets (beyond Muon's);
-    directions(case, conv): what each FP64 oracle step orthogonalizes (the direction contract)."""
+    directions(case, conv): what each FP64 oracle step orthogonalizes (the direction contract);
+    includes: the algorithm whose every step this one can take (Dion2 with fraction 1 is Muon with
+    momentum ef_decay), or None: its measured rounding bounds this one's from below (tolerance.py)."""
 
     name: str
     oracle: Callable[[Case, Conventions], Oracle]
@@ -62,6 +64,7 @@ class Algorithm:
     equivalent: Callable[[Case], Case | None] = lambda case: None
     layout_invariant: Callable[[Case], bool] = lambda case: True
     options: Callable[[Case], dict[str, Any]] = lambda case: {}
+    includes: str | None = None
 
 
 def _row_blocks(case: Case) -> list[int] | None:
@@ -234,9 +237,9 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("muon", _muon, _momentum_directions, layout_invariant=_muon_invariant, options=_muon_options),
     Algorithm("normuon", _normuon, _momentum_directions, layout_invariant=lambda case: shard_dim(case.layout) is None),
     Algorithm("dion2", _dion2, _selected_directions, _selection_ill_posed, _fraction_one("muon"), _dion2_invariant,
-              _dion2_options),
+              _dion2_options, includes="muon"),
     Algorithm("nordion2", _nordion2, _selected_directions, _selection_ill_posed, _fraction_one("normuon"),
-              _nordion2_invariant, _dion2_options),
+              _nordion2_invariant, _dion2_options, includes="normuon"),
 )}
 
 

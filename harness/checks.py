@@ -21,7 +21,7 @@ import torch
 
 from cases import Case
 from cases.axes import DEGENERATE_GRADIENTS
-from harness import tolerance
+from harness import batch_invariance, tolerance
 from harness.algorithms import algorithm
 from harness.inputs import Inputs, f64
 from harness.metrics import Metrics, compare_step
@@ -167,9 +167,10 @@ def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
 
 
 def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,
-              other: Trajectory) -> Outcome:
-    """`traj` vs `other`: two runs of the same inputs that must agree, member by member, step by step."""
-    exact = target.exact_relations
+              other: Trajectory, exact: bool | None = None) -> Outcome:
+    """`traj` vs `other`: two runs of the same inputs that must agree, member by member, step by step;
+    bitwise in fp64 where both run the same arithmetic (`exact`, by default the target's claim)."""
+    exact = target.exact_relations if exact is None else exact
     try:
         tol = tolerance.for_relation(case, policy(case, target, inputs), exact)
     except tolerance.NoEntry as gap:
@@ -191,9 +192,20 @@ def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajec
 
 
 def megabatch(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    """Each member stepped inside the megabatch against it stepped alone. A target of exact relations
+    runs the same arithmetic both ways only where this platform's batched products do not depend on
+    the stack size (harness/batch_invariance.py); elsewhere the relation takes its tolerance."""
     alone = [target.run(*_args(inputs.member(i)), case) for i in range(case.megabatch)]
     regrouped = [[alone[i][k][0] for i in range(case.megabatch)] for k in range(case.steps)]
-    return relation("megabatch", case, target, inputs, traj, regrouped)
+    conv = target.conventions(case)
+    bitwise = target.exact_relations and conv.compute_dtype == "fp64" and case.param_dtype == "fp64"
+    variant = batch_invariance.megabatch_variant_shapes(case, conv, inputs) if bitwise else []
+    out = relation("megabatch", case, target, inputs, traj, regrouped, exact=target.exact_relations and not variant)
+    if not variant:
+        return out
+    shapes = ", ".join(f"{m}x{n}" for m, n in variant)
+    return dataclasses.replace(out, message=f"batched fp64 products of {shapes} matrices depend on the stack size "
+                                            f"here (harness/batch_invariance.py), not bitwise: {out.message}")
 
 
 def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:

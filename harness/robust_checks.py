@@ -13,9 +13,12 @@ except `probe`, an exact relation:
             (an lr-scale formula, a coefficient, decay after the update)
   decay     mean of <err, x> / (||x|| ||dref||): the error's component along the parameter,
             by projection (weight decay missing, doubled, with the wrong lr)
-  spectrum  Muon only: log singular values of the target's orthogonalized part against the
-            oracle's f(sigma) (err = dX, O recovered from the step through the declared
-            conventions): their mean and their spread (a coefficient off in its 4th digit)
+  spectrum  Muon only: log of the target's orthogonalized part O against the oracle's f(sigma)
+            along each singular pair (p, sigma, q) of the direction U the step orthogonalizes,
+            log(p^T O q / f(sigma)) (O recovered from the step through the declared conventions):
+            their mean and their spread (a coefficient off in its 4th digit). Only the singular
+            values rounding resolves count: sigma >= SV_RESOLVED u sigma_max, and f(sigma) at
+            least SV_RESOLVED x the storage rounding of the new parameter (see SV_RESOLVED)
   rows      NorMuon only: the spread (std) of log(row norm of the target's O / the reference's),
             each matrix's mean log ratio removed: a row's norm averages its bf16 rounding over
             the row, while row statistics gone wrong (variance without its EMA, per-row state
@@ -46,7 +49,7 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -56,7 +59,7 @@ from harness.algorithms import algorithm
 from harness.inputs import Inputs, f64
 from harness.metrics import Metrics, compare_step
 from harness.targets.base import Target
-from oracles import Conventions, lr_scale, matrix_view, singular_values
+from oracles import Conventions, lr_scale, matrix_view
 from oracles.rounding import ulp
 
 NOISE_FILE = Path(__file__).with_name("bf16_noise.json")
@@ -84,8 +87,21 @@ def extra_statistics(optimizer: str) -> set[str]:
 GRADIENTS = ("gaussian", "lowrank", "tiny", "huge")
 """Gradient kinds judged: not the rank-deficient ones (rankdef, zero), whose bf16 reference is ill-posed."""
 SV_FLOOR = 1e-3
-"""Singular values of the reference's orthogonalized part below this (relative to its largest) are
-rank-deficiency noise and are left out of `spectrum`."""
+"""Singular values (row norms) of the reference's orthogonalized part below this (relative to its largest)
+are rank-deficiency noise and are left out of `spectrum` (`rows`)."""
+SV_RESOLVED = 2.0
+"""`spectrum` leaves out the singular values of U below SV_RESOLVED x u x s_max (u: the unit roundoff of
+the coarser of the parameter and compute formats, bf16's 2^-8 here). Rounding U moves each entry by up
+to u of itself, which moves a singular value by up to ~u s_max: one below that is not resolved, and no
+correct bf16 implementation can return its f(sigma). Measured (ours, conv2d 8x4x3x3 unflattened: 3 x 3
+matrices, seeds 0-11, mb5, fp32@bf16 and bf16@fp32, NS and PE, 23040 singular values): worst
+|log(p^T O q / f(sigma))| 1.6-3.5 for sigma < u s_max, 0.37 in [0.5, 1) u s_max, 0.09-0.11 in
+[1, 4) u s_max, at most 0.25 above; one sigma at 2.5e-4 s_max of 480 made a correct step's spread
+0.107 (1.8x its tolerance) where the resolved ones give 0.020.
+Likewise a pair whose f(sigma) moves the parameter by less than SV_RESOLVED x the storage rounding the
+harness allows (tolerance.STORAGE_ULPS ulps, Frobenius over the matrix) is left out: a bf16 1 x 1
+matrix (conv2d_k1 unflattened) with tiny gradients stepped by less than half an ulp of its parameter,
+stored no change, and its log ratio was -690 (sv_spread 119)."""
 
 
 def applies(case: Case, compute_dtype: str) -> bool:
@@ -113,13 +129,53 @@ def _orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Co
     return (x_prev - x_new / decay) / (case.lr * scale)
 
 
+def _directions(case: Case, conv: Conventions, inputs: Inputs) -> Iterator[np.ndarray]:
+    """The matrices [B, m, n] the FP64 reference orthogonalizes, per member and step in the order of
+    harness.checks.reference_steps (the algorithm's directions: harness/algorithms.py)."""
+    directions = algorithm(case).directions(case, conv)
+    for i in range(len(inputs.params)):
+        m = directions.initial
+        for k in range(case.steps):
+            m, mats = directions.step(m, f64(inputs.grads[k][i]))
+            yield mats
+
+
+def spectrum_logs(judged: np.ndarray, wanted: np.ndarray, direction: np.ndarray, u: float,
+                  storage: np.ndarray) -> list[float]:
+    """log(p^T O q / p^T O_ref q) over the singular pairs (p, s, q) of each matrix of `direction` (U) that
+    rounding resolves: s >= SV_RESOLVED u s_max, and p^T O_ref q >= SV_RESOLVED x that matrix's
+    `storage` (the storage rounding of the new parameter, in O's units) and above SV_FLOOR of the
+    largest. O_ref = P f(S) Q^T, so p^T O_ref q = f(s), and p^T O q is O's value along the same pair.
+    Paired by U's singular vectors, not by sorting: an unresolved f(s) may sit anywhere among the others."""
+    out: list[float] = []
+    for a, b, d, floor in zip(judged, wanted, direction, storage):
+        p, s, qt = np.linalg.svd(d, full_matrices=False)
+        if not s.size or s[0] == 0.0:
+            continue
+        along = lambda o: np.einsum("ij,ik,jk->j", p, o, qt)
+        got, want = along(a), along(b)
+        keep = (s >= SV_RESOLVED * u * s[0]) & (want >= SV_RESOLVED * floor) & (want > SV_FLOOR * want.max())
+        out.extend(np.log(np.maximum(got[keep], 1e-300) / want[keep]).tolist())
+    return out
+
+
+def storage_rounding(x_ref: np.ndarray, case: Case, conv: Conventions) -> np.ndarray:
+    """Per matrix of the view, the bound the harness allows for storing the new parameter in its dtype,
+    STORAGE_ULPS ||ulp(x_ref)||_F, in the units of the orthogonalized part (divided by lr x scale)."""
+    spacing = matrix_view(ulp(x_ref, case.param_dtype), case.flatten)
+    scale = lr_scale(x_ref.shape, conv.lr_scale, conv.lr_dims)
+    return tolerance.STORAGE_ULPS * np.linalg.norm(spacing, axis=(-2, -1)) / (case.lr * scale)
+
+
 def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory,
                spectrum: bool = True) -> dict[str, float]:
     """norm, decay (and, with `spectrum`, sv_mean, sv_spread for Muon, row_spread for NorMuon) over
     every step and member of one run."""
     conv = target.conventions(case)
     norm, decay, logs, rows = [], [], [], []
-    for _, x_prev, x_new, x_ref in base.reference_steps(case, target, inputs.params, inputs.grads, traj):
+    u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
+    steps = base.reference_steps(case, target, inputs.params, inputs.grads, traj)
+    for (_, x_prev, x_new, x_ref), direction in zip(steps, _directions(case, conv, inputs)):
         step, ref = x_new - x_prev, x_ref - x_prev
         ref_sq = float(np.vdot(ref, ref))
         if ref_sq == 0.0 or not np.all(np.isfinite(step)):
@@ -132,10 +188,7 @@ def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
         if spectrum and "sv_mean" in extra_statistics(case.optimizer):
             judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
             wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
-            for a, b in zip(judged, wanted):
-                sa, sb = singular_values(a), singular_values(b)
-                keep = sb > SV_FLOOR * sb[0]
-                logs.extend(np.log(np.maximum(sa[keep], 1e-300) / sb[keep]).tolist())
+            logs.extend(spectrum_logs(judged, wanted, direction, u, storage_rounding(x_ref, case, conv)))
         if spectrum and "row_spread" in extra_statistics(case.optimizer):
             judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
             wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
@@ -320,6 +373,10 @@ def norm_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
 
 def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
     got = statistics(case, target, inputs, traj)
+    if "sv_mean" not in got:
+        return base.Outcome("spectrum", base.NO_METRICS, None, "no singular value that rounding resolves (see "
+                                                               "robust_checks.SV_RESOLVED): no spectrum to judge",
+                            skipped=True)
     return judge("spectrum", case, target.conventions(case).compute_dtype,
                  {k: got[k] for k in ("sv_mean", "sv_spread")})
 

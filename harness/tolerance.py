@@ -20,7 +20,9 @@ For member i at step k of a case, judged on device class D:
   c    = coefficient of the key (optimizer, param@compute, schedule, conditioning class),
          COEFFICIENT_SAFETY x the worst c a correct implementation needed on D, rounded up to two
          significant digits, at least COEFFICIENT_FLOOR; measured by benchmarks/measure_tolerances.py
-         into tolerance_measured/<D>.json.
+         into tolerance_measured/<D>.json. Where the key's algorithm takes every step of another
+         (Dion2 with fraction 1 is Muon: harness/algorithms.py `includes`), the worse of its worst
+         and that algorithm's same key's.
 A device class without its own measurement uses the CPU one and says so in every source.
 
 Not judged (the harness's gap, never the target's fault):
@@ -36,6 +38,7 @@ runs of the same arithmetic in fp64, which must agree bitwise.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -47,6 +50,7 @@ from typing import Sequence
 import numpy as np
 
 from cases import Case, matrix_shape
+from harness import algorithms
 from harness.sensitivity import Sensitivity, of_case
 from oracles import Conventions, Orthogonalizer
 from oracles.coefficients import (GNS_SAFETY, POLAR_EXPRESS_4DP, POLAR_EXPRESS_RAW, POLAR_EXPRESS_SAFETY,
@@ -297,11 +301,24 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
                else f"measure it: benchmarks/measure_tolerances.py --device {device}"
                + (f" --schedules {named}" if named else ""))
         raise NoEntry(f"the tolerance policy has no entry for {key} on {device} ({how})")
-    measured = found.entries[str(key)]
+    measured, with_included = _with_included(found, key)
     u_format = max((case.param_dtype, conv.compute_dtype), key=unit_roundoff)
     floor_format = max((conv.compute_dtype, conv.lr_dtype, opmath(conv.state_dtype)), key=unit_roundoff)
     return CasePolicy(key, unit_roundoff(u_format), u_format, coefficient(measured.worst), measured,
-                      f"{note}, {found.meta.get('date', '?')}", sens, floor_format)
+                      f"{note}, {found.meta.get('date', '?')}{with_included}", sens, floor_format)
+
+
+def _with_included(found: Evidence, key: Key) -> tuple[Measurement, str]:
+    """The key's measurement, or, where its algorithm takes every step of another (harness/algorithms.py
+    `includes`: Dion2 with fraction 1 is Muon) and that algorithm's same key measured worse, the two
+    together (that worst, the cases of both) with a note saying so."""
+    own = found.entries[str(key)]
+    inner = algorithms.ALGORITHMS[key.optimizer].includes
+    other = found.entries.get(str(dataclasses.replace(key, optimizer=inner))) if inner else None
+    if other is None or other.worst <= own.worst:
+        return own, ""
+    both = Measurement(other.worst, own.median, own.n + other.n, other.worst_case)
+    return both, f"; with {inner}'s same key, whose steps {key.optimizer} takes at fraction 1"
 
 
 EXACT = Tolerance(0.0, 0.0, "exact: two runs of the same arithmetic in fp64 must agree bitwise")

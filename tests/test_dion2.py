@@ -137,9 +137,6 @@ def test_a_failing_load_changes_nothing():
     opt.load_state_dict(saved)
 
 
-@pytest.mark.xfail(strict=False, reason="open findings (issue 8, docs/findings/property-tests-issue8.md): 4 of 20 "
-                   "seeds fail: fp64 Dion2 megabatch not bitwise (dion2-f0.75/linear-12x20/mb2/noflat/fp64@fp64/ns/"
-                   "spectral_norm/plain/wd0/steps1/gaussian/seed0) and fp64/fp32 reference ratios 1.14-1.67")
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(optimizers=("dion2", "nordion2")))
 def test_our_dion2_conforms_on_any_case(case):

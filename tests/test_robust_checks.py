@@ -4,12 +4,16 @@ bf16 (decay after the update, a coefficient off in its fourth digit)
 fail them."""
 
 import dataclasses
+import importlib.util
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cases import Case, ci_cases
 from harness import robust_checks
+from harness.inputs import make_inputs
 from harness.runner import run_case
 from harness.selftest_catalog import BY_NAME, spec
 from harness.targets import load_target
@@ -78,6 +82,54 @@ def test_rows_sees_a_normuon_variance_without_its_ema_that_the_reference_misses(
     assert statuses("ours", case)["rows"] == "pass"
     defect = statuses(spec(BY_NAME["normuon-variance-no-ema"]), case)
     assert defect["reference"] == "pass" and defect["rows"] == "fail", defect
+
+
+def test_spectrum_leaves_out_the_singular_values_rounding_cannot_resolve(monkeypatch):
+    """A drawn 3 x 3 matrix of this case has a singular value at 2.5e-4 of its largest, below bf16's
+    rounding of its entries (u = 2^-8): ours returned f(sigma) 0.011 where the oracle's is 0.115, and
+    that one value of 480 made the spread 0.107 (spectrum 1.8x its tolerance) where the resolved ones
+    give 0.017. With the resolved singular values only, ours passes; counting every one again (the
+    negative control) brings the outlier back."""
+    case = Case.from_id("muon/conv2d-8x4x3x3/mb5/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/huge/seed1")
+    ours = load_target("ours")
+    inputs = make_inputs(case)
+    traj = ours.run(inputs.params, inputs.grads, case)
+    resolved = robust_checks.statistics(case, ours, inputs, traj)
+    assert resolved["sv_spread"] < 0.03
+    assert robust_checks.spectrum_check(case, ours, inputs, traj).status == "pass"
+    monkeypatch.setattr(robust_checks, "SV_RESOLVED", 0.0)
+    assert robust_checks.statistics(case, ours, inputs, traj)["sv_spread"] > 0.1
+
+
+def test_spectrum_pairs_by_the_directions_singular_vectors_not_by_sorting():
+    """f(sigma) along U's own singular pairs: a target whose O is the oracle's with one f(sigma) off by
+    x 1.5 shows exactly log 1.5 at that pair, and 0 at the others."""
+    rng = np.random.default_rng(1)
+    p, _ = np.linalg.qr(rng.standard_normal((4, 3)))
+    q, _ = np.linalg.qr(rng.standard_normal((6, 3)))
+    s, f = np.array([3.0, 1.0, 0.5]), np.array([0.9, 1.1, 1.0])
+    direction, wanted = (p * s) @ q.T, (p * f) @ q.T
+    judged = (p * (f * [1.0, 1.0, 1.5])) @ q.T  # the smallest sigma's f(sigma) now sorts first
+    logs = robust_checks.spectrum_logs(judged[None], wanted[None], direction[None], 2.0**-8, np.zeros(1))
+    assert np.allclose(logs, [0.0, 0.0, np.log(1.5)], atol=1e-12)
+
+
+def _noise_measurement():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "measure_bf16_noise.py"
+    spec_ = importlib.util.spec_from_file_location("measure_bf16_noise", path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    return module
+
+
+def test_noise_merge_keeps_each_statistics_worst_sums_counts_and_drops_stale_keys(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"date": "2026-11-29", "cases": {"k": 3, "stale": 5},
+                               "worst": {"k": {"norm": 0.5, "decay": 0.01}, "stale": {"norm": 9.0}}}))
+    worst, counts, commands = _noise_measurement().merged({"k": {"norm": 0.2, "decay": 0.03}}, {"k": 10}, [old],
+                                                          "^stale$")
+    assert worst == {"k": {"decay": 0.03, "norm": 0.5}} and counts == {"k": 13}
+    assert commands == ["python benchmarks/measure_bf16_noise.py  # old.json of 2026-11-29"]
 
 
 def test_rescale_repeats_a_correct_run_and_flags_an_eps_the_normaliser_shows():
