@@ -150,3 +150,18 @@ def test_rescale_is_not_judged_where_the_declared_eps_can_show_or_there_is_no_no
     for case in (k1, svd):
         out = {r.check: r for r in run_case(case, load_target("ours"), "ours")}["rescale"]
         assert out.status == "skipped" and out.message.startswith("not judged"), out
+
+
+def test_a_statistic_whose_noise_allows_a_factor_e_is_not_judged():
+    """robust_checks.NOISE_CEILING: where ours' own bf16 noise makes a statistic's allowance 1 or more
+    (singular values off by a factor e) the check is skipped with the numbers, never passed; a key
+    below the ceiling is judged, and a large enough statistic fails there."""
+    blind = Case.from_id("muon/conv2d_k1-8x4x1x1/mb1/flat/fp32@bf16/gns/spectral_norm/nesterov/wd0/steps1/lowrank/seed0")
+    assert robust_checks.NOISE_MARGIN * robust_checks.measured_noise(blind, "bf16")["sv_spread"] >= robust_checks.NOISE_CEILING
+    out = robust_checks.judge("spectrum", blind, "bf16", {"sv_mean": 5.0, "sv_spread": 50.0})
+    assert out.status == "skipped" and "not judged" in out.message and "sv_spread" in out.message
+    seen = Case.from_id(blind.id.replace("/gns/", "/pe/"))
+    noise = robust_checks.measured_noise(seen, "bf16")
+    assert max(robust_checks.NOISE_MARGIN * noise[s] for s in ("sv_mean", "sv_spread")) < robust_checks.NOISE_CEILING
+    assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 0.0}).status == "pass"
+    assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 1.0}).status == "fail"
