@@ -165,3 +165,18 @@ def test_a_statistic_whose_noise_allows_a_factor_e_is_not_judged():
     assert max(robust_checks.NOISE_MARGIN * noise[s] for s in ("sv_mean", "sv_spread")) < robust_checks.NOISE_CEILING
     assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 0.0}).status == "pass"
     assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 1.0}).status == "fail"
+
+
+def test_dion2_noise_is_at_least_muons_whose_steps_it_takes():
+    """Dion2 with fraction 1 steps as Muon (harness.algorithms `includes`), so a correct Dion2 step can
+    show Muon's bf16 noise: the derandomized property run drew a correct Dion2 step with norm 0.00685
+    where Dion2's own measurement had met 0.00215 and Muon's 0.0184. A statistic Muon does not
+    measure keeps Dion2's own value; Muon's own noise is unchanged."""
+    dion2 = Case.from_id("dion2-f0.25/conv2d-8x4x3x3/mb3/flat/bf16@fp32/svd/spectral_norm/plain/wd0.1/steps1/huge/seed1")
+    muon = Case.from_id("muon/conv2d-8x4x3x3/mb3/flat/bf16@fp32/svd/spectral_norm/plain/wd0.1/steps1/huge/seed1")
+    own = robust_checks._noise()["dion2/bf16@fp32/svd/huge"]
+    got, inner = robust_checks.measured_noise(dion2, "fp32"), robust_checks.measured_noise(muon, "fp32")
+    assert inner == robust_checks._noise()["muon/bf16@fp32/svd/huge"]
+    assert got == {s: max(v, inner[s]) for s, v in own.items()} and got["norm"] > own["norm"]
+    assert robust_checks.judge("norm", dion2, "fp32", {"norm": -0.00685, "decay": 0.0437}).status == "pass"
+    assert robust_checks.judge("norm", dion2, "fp32", {"norm": -0.2, "decay": 0.0437}).status == "fail"
