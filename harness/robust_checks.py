@@ -122,8 +122,9 @@ def _measured_algorithms() -> set[str]:
     return {key.split("/", 1)[0] for key in _noise()}
 
 
-def noise_key(case: Case, compute_dtype: str) -> str:
-    return f"{case.optimizer}/{case.param_dtype}@{compute_dtype}/{case.orthogonalizer}/{case.grad}"
+def noise_key(case: Case, compute_dtype: str, optimizer: str | None = None) -> str:
+    """The noise key of `case` run in `compute_dtype` (as `optimizer`, default the case's own)."""
+    return f"{optimizer or case.optimizer}/{case.param_dtype}@{compute_dtype}/{case.orthogonalizer}/{case.grad}"
 
 
 def _orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Conventions) -> np.ndarray:
@@ -337,7 +338,7 @@ def measured_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
     where Dion2's own key had met 0.00215 and Muon's 0.0184."""
     own = _noise().get(noise_key(case, compute_dtype))
     inner = algorithm(case).includes
-    other = _noise().get(f"{inner}/" + noise_key(case, compute_dtype).split("/", 1)[1]) if inner else None
+    other = _noise().get(noise_key(case, compute_dtype, inner)) if inner else None
     if own is None or other is None:
         return own
     return {stat: max(value, other.get(stat, 0.0)) for stat, value in own.items()}

@@ -122,27 +122,29 @@ def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, 
         assert [g.replays for g in with_graphs._cached.graphs.graphs.values()] == [3, 3, 3]
 
 
+def steps_alike(steps: int):
+    """Step Muon(cuda_graphs=True) and the eager Muon side by side on the same set; every parameter
+    bitwise equal after `steps` steps. Returns the one with graphs."""
+    with_graphs, ps = make(cuda_graphs=True)
+    eager, qs = make()
+    for _ in range(steps):
+        with_graphs.step()
+        eager.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    return with_graphs
+
+
 def test_a_failed_capture_leaves_the_megabatch_eager_and_the_step_complete(fake_cuda, monkeypatch):
     def refuse(update, example, pool):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(graphs, "Graphed", refuse)
-    with_graphs, ps = make(cuda_graphs=True)
-    eager, qs = make()
-    for _ in range(4):
-        with_graphs.step()
-        eager.step()
-    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    with_graphs = steps_alike(4)
     assert len(with_graphs._cached.graphs.failures) == 3
     assert set(with_graphs._cached.graphs.graphs.values()) == {None}
 
 
 def test_off_cuda_the_option_changes_nothing():
-    with_graphs, ps = make(cuda_graphs=True)
-    eager, qs = make()
-    for _ in range(3):
-        with_graphs.step()
-        eager.step()
-    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    with_graphs = steps_alike(3)
     assert set(with_graphs._cached.graphs.graphs.values()) == {None}
 
 
