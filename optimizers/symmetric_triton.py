@@ -43,16 +43,30 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+INDEX_LIMIT = 2**31
+"""Offsets within one matrix of the stack are int32 in the kernel (the batch offset is int64)."""
+
+
 def usable(a: torch.Tensor) -> bool:
-    """The kernel can run on `a`'s device and dtype: CUDA (or the interpreter on CPU), bf16/fp16."""
-    return a.dtype in DTYPES and (a.is_cuda or (interpreted() and a.device.type == "cpu"))
+    """The kernel can run on `a`'s device and dtype: CUDA (or the interpreter on CPU), bf16/fp16, and
+    each matrix of the stack spans fewer than INDEX_LIMIT elements."""
+    return (a.dtype in DTYPES and (a.is_cuda or (interpreted() and a.device.type == "cpu"))
+            and int32_offsets(tuple(a.shape), a.stride()))
+
+
+def int32_offsets(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Every offset within one matrix of a stack [B, m, k] (strided) and of its m x m product is below
+    INDEX_LIMIT."""
+    span = sum((n - 1) * abs(s) for n, s in zip(shape[1:], stride[1:])) + 1
+    return max(span, shape[-2] ** 2) < INDEX_LIMIT
 
 
 @triton.jit
 def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
                  sab, sam, sak, sbb, sbk, sbn, scb, scm, scn, sob, som, son, alpha, beta,
                  HAS_C: tl.constexpr, TILE_M: tl.constexpr, TILE_R: tl.constexpr):
-    pair, batch = tl.program_id(0), tl.program_id(1)
+    pair = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)  # batch * stride passes 2^31 on large stacks (72 x 4096 x 11008)
     ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
     rows = ti * TILE_M + tl.arange(0, TILE_M)
     cols = tj * TILE_M + tl.arange(0, TILE_M)

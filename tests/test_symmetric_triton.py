@@ -128,3 +128,23 @@ def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
     fast = run(torch.float16)
     assert kernel.STATS.products > before
     assert (fast - exact).norm() <= 1.5 * (plain - exact).norm(), ((fast - exact).norm(), (plain - exact).norm())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (a 4 GiB stack)")
+def test_a_batch_offset_past_int32_is_addressed_in_int64(kernel):
+    """The second matrix of this stack starts 2^31 elements in (as the 48th of 4096 x 11008 bf16 does):
+    int32 batch offsets wrapped and faulted (an illegal memory access on an H200, 72 x 4096 x 11008)."""
+    buffer = torch.zeros(2**31 + 256 * 128, dtype=torch.bfloat16, device="cuda")
+    a = buffer.as_strided((2, 256, 128), (2**31, 128, 1))
+    a.copy_(stack(2, 256, 128, seed=7, dtype=torch.bfloat16))
+    exact = torch.bmm(a.float(), a.float().mT)
+    assert_one_rounding(kernel.symmetric_baddbmm(None, a, a.mT), exact, torch.bfloat16)
+
+
+def test_a_matrix_past_int32_offsets_is_not_usable(kernel):
+    """Offsets within one matrix stay int32: a matrix spanning 2^31 elements, or a product with 2^31
+    entries, takes the torch path."""
+    assert kernel.int32_offsets((72, 4096, 11008), (4096 * 11008, 11008, 1))
+    assert not kernel.int32_offsets((1, 2, 16), (0, 2**31, 1))
+    assert not kernel.int32_offsets((1, 46341, 16), (0, 16, 1))
+    assert kernel.usable(stack(1, 32, 16)) and not kernel.usable(stack(1, 32, 16).float())
