@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from cases import Case
-from cases.axes import DEGENERATE_GRADIENTS
+from cases.axes import DEGENERATE_GRADIENTS, SELECTING
 from harness import batch_invariance, tolerance
 from harness.algorithms import algorithm
 from harness.inputs import Inputs, f64
@@ -141,18 +141,41 @@ def worst_judged(judged: list[tuple[Metrics, Where, tolerance.Tolerance]]) -> tu
     return max(judged, key=lambda t: t[0].severity)
 
 
+def selection_ill_posed(case: Case, target: Target, inputs: Inputs, traj: Trajectory,
+                        steps: list | None = None) -> str | None:
+    """Why `traj`'s selection (Dion2's top-k slices) is within rounding of a tie on some step, or None
+    (harness.algorithms). `steps` (if given) collects the reference_steps it walks."""
+    if case.optimizer not in SELECTING and steps is None:
+        return None  # no selection: nothing to decide, no oracle run needed
+    margins: list[float] = []
+    got = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
+    if steps is not None:
+        steps.extend(got)
+    return algorithm(case).ill_posed(case, min(margins))
+
+
+def gap_or_tie(name: str, gap: tolerance.NoEntry, case: Case, target: Target, inputs: Inputs,
+               traj: Trajectory) -> Outcome:
+    """A check whose policy key has no entry: `skipped` where the run's selection is a tie
+    (selection_ill_posed: no tolerance could judge it, and the measurement leaves such runs out, so a
+    key reached only by ties has no entry), else `unsupported` for the gap."""
+    why = selection_ill_posed(case, target, inputs, traj)
+    if why:
+        return Outcome(name, NO_METRICS, None, f"{why} (and {gap})", skipped=True)
+    return Outcome(name, NO_METRICS, None, str(gap), unsupported=True)
+
+
 def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """Each step against the FP64 reference under its own derived tolerance (harness/tolerance.py)."""
     try:
         pol = policy(case, target, inputs)
     except tolerance.NoEntry as gap:
-        return Outcome("reference", NO_METRICS, None, str(gap), unsupported=True)
+        return gap_or_tie("reference", gap, case, target, inputs, traj)
     why = pol.ill_posed()
     if why:
         return Outcome("reference", NO_METRICS, None, why, skipped=True)
-    margins: list[float] = []
-    steps = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
-    why = algorithm(case).ill_posed(case, min(margins))
+    steps: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+    why = selection_ill_posed(case, target, inputs, traj, steps)
     if why:
         return Outcome("reference", NO_METRICS, None, why, skipped=True)
     judged = []
@@ -174,7 +197,7 @@ def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajec
     try:
         tol = tolerance.for_relation(case, policy(case, target, inputs), exact)
     except tolerance.NoEntry as gap:
-        return Outcome(name, NO_METRICS, None, str(gap), unsupported=True)
+        return gap_or_tie(name, gap, case, target, inputs, traj)
     if isinstance(tol, str):
         return Outcome(name, NO_METRICS, None, tol, skipped=True)
     pairs = []

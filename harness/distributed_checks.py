@@ -201,17 +201,17 @@ def piece_tolerance(case: Case, tol: tolerance.Tolerance, share: float) -> toler
 def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
     """Each rank's piece vs the same piece of the FP64 reference step (empty pieces hold nothing to
     judge), within `piece_tolerance` (a replicated rank's piece is the whole: the step's own tolerance)."""
+    whole = gather(case, pieces)
     try:
         policy = checks.policy(case, target, inputs)
     except tolerance.NoEntry as gap:
-        return Outcome("local_shard", checks.NO_METRICS, None, str(gap), unsupported=True)
+        return checks.gap_or_tie("local_shard", gap, case, target, inputs, whole)
     why = policy.ill_posed()
     if why:
         return Outcome("local_shard", checks.NO_METRICS, None, why, skipped=True)
     boxes = regions(case.layout, case.world_size, case.shape)
-    margins: list[float] = []
-    steps = list(checks.reference_steps(case, target, inputs.params, inputs.grads, gather(case, pieces), margins))
-    why = algorithm(case).ill_posed(case, min(margins))
+    steps: list = []
+    why = checks.selection_ill_posed(case, target, inputs, whole, steps)
     if why:
         return Outcome("local_shard", checks.NO_METRICS, None, why, skipped=True)
     pairs = []

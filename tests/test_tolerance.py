@@ -386,3 +386,21 @@ def test_the_floor_follows_the_scalar_formats_a_target_declares():
     fp32 = OursMuon().conventions(fp32_case)
     assert (tolerance.for_case(fp32_case, dataclasses.replace(fp32, lr_dtype="fp32"), fp32_grads, "cpu").floor()
             == tolerance.for_case(fp32_case, fp32, fp32_grads, "cpu").floor())
+
+
+def test_a_policy_gap_on_a_tie_selection_is_skipped_as_ill_posed(monkeypatch):
+    """On an H200, 26 nightly Dion2/NorDion2 bf16-parameter cases were `unsupported` (10 keys without a cuda entry):
+    the measurement leaves out runs whose selection is within rounding of a tie, and every measured run
+    of those keys was one. A policy gap is now `skipped` as ill-posed where the run is such a tie, as a
+    case with an entry is; a case without a tie still reports the gap as unsupported."""
+    tie = "nordion2-f0.25/conv1d-8x4x5/mb1/noflat/bf16@fp32/ns/spectral_norm/plain/wd0/steps3/gaussian/seed0"
+    with_entries = checks_of(tie, OursMuon())
+    empty = tolerance.Evidence("cpu", {}, {})
+    monkeypatch.setattr(tolerance, "evidence", lambda device: empty)
+    without = checks_of(tie, OursMuon())
+    for name in ("reference", "scale"):
+        for got in (with_entries, without):
+            assert got[name].status == "skipped" and "ill-posed selection" in got[name].message, (name, got[name].message)
+    well_posed = checks_of("dion2-f1/conv2d-8x4x3x3/mb2/flat/fp32@fp32/pe/spectral_norm/plain/wd0/steps2/gaussian/seed0",
+                           OursMuon())
+    assert well_posed["reference"].status == "unsupported" and "no entry" in well_posed["reference"].message
