@@ -155,11 +155,26 @@ def test_probe_models_cautious_decay(case_id):
 
 @needs("dtensor-muon")
 def test_dtensor_muon_rounds_its_decay_to_bf16_for_fp32_parameters():
-    """Open: with fp32 parameters it adds the decay into the bf16 orthogonalized update, so the decay is
-    rounded to bf16: `probe` (decay in the parameter's format) fails while `reference` passes."""
-    got = statuses("muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0",
-                   "dtensor-muon")
-    assert got["reference"] == "pass" and got["probe"] == "fail"
+    """With fp32 parameters it adds the decay into the bf16 orthogonalized update, so the decay term is
+    rounded to bf16: declared (decay_dtype "bf16") every check passes; the same run declared with decay in
+    the parameter (the default) fails `probe` (it did at 2415 before the convention)."""
+    import dataclasses
+
+    from harness.robust_checks import probe_check
+
+    case = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0")
+    target = load_target("dtensor-muon")
+    assert target.conventions(case).decay_dtype == "bf16"
+    assert set(statuses(case.id, "dtensor-muon").values()) == {"pass"}
+
+    class Undeclared(type(target)):
+        def conventions(self, c):
+            return dataclasses.replace(super().conventions(c), decay_dtype="fp64")
+
+    undeclared = Undeclared()
+    inputs = make_inputs(case)
+    got = probe_check(case, undeclared, inputs, undeclared.run(inputs.params, inputs.grads, case))
+    assert got.status == "fail" and got.metrics.ratio > 100, got.message
 
 
 @needs("dtensor-muon")
