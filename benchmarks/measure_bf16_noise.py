@@ -28,10 +28,15 @@ name on another orthogonalizer's cases; benchmarks/measure_tolerances.py Declare
 correct implementation of a schedule a peer declares, keyed as robust_checks.noise_key keys the peer
 ("muon/fp32@bf16/newton_schulz:you/gaussian"); --eps EPS runs it with that normaliser eps (a peer's own,
 dion's 1e-8), which only the tiny gradients' keys carry ("tiny:eps1e-08"). The committed file's schedule
-keys (each command is in its "commands"):
+keys, each the orthogonalizer whose cases a built-in peer runs the schedule on (the file's "commands"
+merge them in this order, each into the last):
 
-  python benchmarks/measure_bf16_noise.py --jobs 1 --schedules you --skip '^(?!(muon|normuon)/).*/ns/' --merge harness/bf16_noise.json
-  (the others: the file's "commands")
+  --seeds 4 --schedules you --skip '^(?!(muon|normuon)/.*/ns/)'            (dion, heavyball, gram-newton-schulz, emerging)
+  --seeds 4 --schedules pe102 --skip '^(?!(muon|normuon)/.*/pe/)'          (dion, dtensor-muon)
+  --seeds 4 --schedules you --eps 1e-8 --skip '^(?!(muon|normuon)/.*/ns/.*/tiny/)'    (dion's eps)
+  --seeds 4 --schedules pe102 --eps 1e-8 --skip '^(?!(muon|normuon)/.*/pe/.*/tiny/)'  (dion's eps)
+  --seeds 4 --schedules pe105 --skip '^(?!muon/.*/(pe|gns)/)'              (gram-newton-schulz)
+  --seeds 4 --schedules pe4dp --skip '^(?!muon/.*/pe/)'                    (emerging-optimizers)
 
   python benchmarks/measure_bf16_noise.py [--jobs N] [--out harness/bf16_noise.json] [--tier ci|none] [--seeds N]
       [--skip REGEX] [--drawn N --drawn-seed S --optimizers NAME ...] [--merge FILE ... [--drop REGEX]]

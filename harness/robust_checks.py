@@ -27,7 +27,9 @@ except `probe`, an exact relation:
             PROBE_WEIGHT_DECAY and without. Decay never enters the orthogonalized direction,
             so each decayed step is the declared decay of its previous parameter plus the
             undecayed run's step, to the storage rounding (decay order, its lr, a decay
-            missing or coupled into the gradient)
+            missing or coupled into the gradient). A target declaring decay folded into its
+            held update (Conventions.decay_dtype) is judged with O + wd X in that format, to
+            one of its ulps per entry
   rescale   the scale relation, in which bf16 rounding cancels too: gradients x 2^10 (exact in
             every format) repeat the run to the storage rounding wherever the declared
             normaliser's eps is below half an fp32 ulp of s ||U|| (_eps_visible):
