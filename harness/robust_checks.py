@@ -380,7 +380,12 @@ def rescale_check(case: Case, target: Target, inputs: Inputs, traj: base.Traject
     """The scale relation, where bf16 rounding cancels: the target's run with gradients x 2^10 against
     its own run without, step by step from each run's own previous parameter, exact up to PROBE_ULPS
     ulps of the parameter dtype; judged where the declared eps is negligible (_eps_visible)."""
-    why = _eps_visible(case, target.conventions(case), inputs)
+    conv = target.conventions(case)
+    if conv.rounding == "stochastic":
+        return base.Outcome("rescale", base.NO_METRICS, None, f"ill-posed: the target rounds U to {conv.compute_dtype} "
+                            "stochastically, so the scaled and unscaled runs round differently and nothing cancels",
+                            skipped=True)
+    why = _eps_visible(case, conv, inputs)
     if why is not None:
         return base.Outcome("rescale", base.NO_METRICS, None, why, skipped=True)
     scaled = inputs.scaled(base.SCALE_FACTOR)

@@ -154,6 +154,8 @@ def test_probe_is_ill_posed_for_stochastic_rounding():
         load_target("heavyball"), "heavyball")}
     assert got["probe"].status == "skipped" and "stochastically" in got["probe"].message
     assert got["reference"].status == "pass"
+    # likewise `rescale` (gradients x 2^10 against x 1): it failed 8 such CI cases at 8e3-2e5
+    assert got["rescale"].status == "skipped" and "stochastically" in got["rescale"].message
 
 
 @needs("dtensor-muon")
