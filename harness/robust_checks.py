@@ -291,7 +291,9 @@ def _folded_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case,
     ulps of an fp32 parameter), so W is judged as either bf16 neighbour of the exact sum, the one nearer the
     observed W: the relation then still sees the decay to one bf16 ulp of W per entry (a decay missing,
     doubled or with the other lr moves W by ~lr wd |X| / step, tens of its ulps at the probe's wd)."""
-    hold = lambda v: float(round_to(np.float64(v), conv.lr_dtype))
+    def hold(v: float) -> float:  # a scalar as the target holds it (Conventions.lr_dtype)
+        return float(round_to(np.float64(v), conv.lr_dtype))
+
     lr = hold(case.lr)
     step = hold(lr * hold(lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)))
     ratio = (lr if conv.weight_decay_lr == "base" else step) / step
