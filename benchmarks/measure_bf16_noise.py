@@ -22,8 +22,25 @@ measurement files into --out (per key and statistic the worst of all, counts sum
 commands listed in "commands"), --drop REGEX leaving out their keys that match (stale ones, measured
 before their statistic changed).
 
+--schedules NAME ... measures, instead of ours' schedules, every selected polynomial case run by ours with
+each named schedule's coefficients and normaliser scale (harness/tolerance.py SCHEDULES, or ours by option
+name on another orthogonalizer's cases; benchmarks/measure_tolerances.py DeclaredSchedule): the noise of a
+correct implementation of a schedule a peer declares, keyed as robust_checks.noise_key keys the peer
+("muon/fp32@bf16/newton_schulz:you/gaussian"); --eps EPS runs it with that normaliser eps (a peer's own,
+dion's 1e-8), which only the tiny gradients' keys carry ("tiny:eps1e-08"). The committed file's schedule
+keys, each the orthogonalizer whose cases a built-in peer runs the schedule on (the file's "commands"
+merge them in this order, each into the last):
+
+  --seeds 4 --schedules you --skip '^(?!(muon|normuon)/.*/ns/)'            (dion, heavyball, gram-newton-schulz, emerging)
+  --seeds 4 --schedules pe102 --skip '^(?!(muon|normuon)/.*/pe/)'          (dion, dtensor-muon)
+  --seeds 4 --schedules you --eps 1e-8 --skip '^(?!(muon|normuon)/.*/ns/.*/tiny/)'    (dion's eps)
+  --seeds 4 --schedules pe102 --eps 1e-8 --skip '^(?!(muon|normuon)/.*/pe/.*/tiny/)'  (dion's eps)
+  --seeds 4 --schedules pe105 --skip '^(?!muon/.*/(pe|gns)/)'              (gram-newton-schulz)
+  --seeds 4 --schedules pe4dp --skip '^(?!muon/.*/pe/)'                    (emerging-optimizers)
+
   python benchmarks/measure_bf16_noise.py [--jobs N] [--out harness/bf16_noise.json] [--tier ci|none] [--seeds N]
       [--skip REGEX] [--drawn N --drawn-seed S --optimizers NAME ...] [--merge FILE ... [--drop REGEX]]
+      [--schedules NAME ... [--eps EPS]]
 """
 
 from __future__ import annotations
@@ -46,7 +63,7 @@ from cases import Case, axes  # noqa: E402
 from harness import robust_checks  # noqa: E402
 from harness.inputs import make_inputs  # noqa: E402
 from harness.targets import load_target  # noqa: E402
-from benchmarks.measure_tolerances import drawn  # noqa: E402
+from benchmarks.measure_tolerances import MEASURABLE, DeclaredSchedule, drawn  # noqa: E402
 
 
 MEASURED_FRACTION = 0.5
@@ -76,13 +93,17 @@ def measurement_cases(seeds: int = 1) -> list[Case]:
     return out
 
 
-def measure(case_id: str) -> tuple[str, dict[str, float]]:
+def measure(job: str | tuple[str, str | None, float | None]) -> tuple[str, dict[str, float]]:
+    """The noise key and statistics of one run: a case id (ours), or (case id, schedule name or None, eps
+    or None): ours with that schedule (benchmarks/measure_tolerances.py DeclaredSchedule) and eps."""
     torch.set_num_threads(1)
+    case_id, schedule, eps = (job, None, None) if isinstance(job, str) else job
     case = Case.from_id(case_id)
-    target = load_target("ours")
+    target = load_target("ours") if schedule is None else DeclaredSchedule(schedule, eps)
     inputs = make_inputs(case)
     values = robust_checks.statistics(case, target, inputs, target.run(inputs.params, inputs.grads, case))
-    return robust_checks.noise_key(case, case.compute_dtype), values
+    declared = target.conventions(case).orthogonalizer
+    return robust_checks.noise_key(case, case.compute_dtype, declared=declared), values
 
 
 def merged(worst: dict[str, dict[str, float]], counts: dict[str, int], files: list[Path], drop: str | None
@@ -120,6 +141,11 @@ def main() -> int:
     parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
     parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
+    parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
+                        help="instead of ours' schedules, every selected polynomial case run by ours with each of "
+                             "these (harness/tolerance.py SCHEDULES, or ours by option name)")
+    parser.add_argument("--eps", type=float, default=None, help="with --schedules: the normaliser's eps (default "
+                        "ours'); only tiny gradients' keys depend on it (robust_checks.EPS_GRADIENTS)")
     args = parser.parse_args()
     missing = [str(p) for p in args.merge if not p.is_file()]
     if args.drawn < 0 or args.seeds < 1 or missing:
@@ -128,8 +154,12 @@ def main() -> int:
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers))
               if robust_checks.applies(c, c.compute_dtype) and c not in set(cases)]
     ids = [c.id for c in cases if not (args.skip and re.search(args.skip, c.id))]
+    if args.eps is not None and not args.schedules:
+        parser.error("--eps needs --schedules")
+    jobs: list = ids if not args.schedules else [
+        (i, name, args.eps) for name in args.schedules for i in ids if Case.from_id(i).orthogonalizer != "svd"]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        results = pool.map(measure, ids, chunksize=4)
+        results = pool.map(measure, jobs, chunksize=4)
     per_key: dict[str, dict[str, list[float]]] = {}
     for key, values in results:
         for stat, value in values.items():

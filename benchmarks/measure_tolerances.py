@@ -127,15 +127,18 @@ class DeclaredSchedule(OursMuon):
     """optimizers.Muon (any of its algorithms) with its polynomial replaced by schedule `name` of
     MEASURABLE, declared as such: what a correct peer declaring that schedule computes."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, eps: float | None = None) -> None:
         if name not in MEASURABLE:
             raise ValueError(f"unknown schedule {name!r}; expected one of {sorted(MEASURABLE)}")
         self.schedule = name
+        self.eps = eps
+        """The normaliser's eps (None: ours'): a peer's own (dion's 1e-8) where it matters, tiny gradients."""
 
     def conventions(self, case: Case) -> Conventions:
         conv = super().conventions(case)
         coefficients, scale = MEASURABLE[self.schedule]
-        orth = Orthogonalizer.polynomial(coefficients, eps=conv.orthogonalizer.normaliser.eps, scale=scale)
+        eps = conv.orthogonalizer.normaliser.eps if self.eps is None else self.eps
+        orth = Orthogonalizer.polynomial(coefficients, eps=eps, scale=scale)
         return dataclasses.replace(conv, orthogonalizer=dataclasses.replace(
             orth, iteration=conv.orthogonalizer.iteration))
 
@@ -143,7 +146,9 @@ class DeclaredSchedule(OursMuon):
         options = super().options(case)
         coefficients, scale = MEASURABLE[self.schedule]
         stage = functools.partial(declared_polynomial, tuple(coefficients), scale)
-        return {**options, "algorithm": dataclasses.replace(REGISTRY[options["algorithm"]], orthogonalize=stage)}
+        eps = {} if self.eps is None else {"eps": self.eps}
+        return {**options, **eps,
+                "algorithm": dataclasses.replace(REGISTRY[options["algorithm"]], orthogonalize=stage)}
 
 
 def label(target: OursMuon) -> str:

@@ -27,7 +27,9 @@ except `probe`, an exact relation:
             PROBE_WEIGHT_DECAY and without. Decay never enters the orthogonalized direction,
             so each decayed step is the declared decay of its previous parameter plus the
             undecayed run's step, to the storage rounding (decay order, its lr, a decay
-            missing or coupled into the gradient)
+            missing or coupled into the gradient). A target declaring decay folded into its
+            held update (Conventions.decay_dtype) is judged with O + wd X in that format, to
+            one of its ulps per entry
   rescale   the scale relation, in which bf16 rounding cancels too: gradients x 2^10 (exact in
             every format) repeat the run to the storage rounding wherever the declared
             normaliser's eps is below half an fp32 ulp of s ||U|| (_eps_visible):
@@ -38,8 +40,9 @@ err = dX - dref with dX the target's step and dref the FP64 reference step from 
 previous parameter (harness.checks.reference_steps). They apply where bf16 is involved
 (param or declared compute dtype) and gradients of full rank (not rankdef or zero: their bf16
 reference is ill-posed). Tolerance = NOISE_MARGIN x the worst
-|statistic| ours showed in the measurement (CI layers), per noise key (algorithm, dtypes, orthogonalizer,
-gradient kind).
+|statistic| ours showed in the measurement (CI layers), per noise key (algorithm, dtypes, orthogonalizer
+and the schedule the target declares for it, gradient kind; noise_key). A peer's schedule is measured on
+ours running its coefficients (benchmarks/measure_bf16_noise.py --schedules), never on the peer.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ from harness.algorithms import algorithm
 from harness.inputs import Inputs, f64
 from harness.metrics import Metrics, compare_step
 from harness.targets.base import Target
-from oracles import Conventions, lr_scale, matrix_view
-from oracles.rounding import ulp
+from oracles import Conventions, Orthogonalizer, lr_scale, matrix_view
+from oracles.rounding import round_to, ulp
 
 NOISE_FILE = Path(__file__).with_name("bf16_noise.json")
 NOISE_MARGIN = 3.0
@@ -122,9 +125,42 @@ def _measured_algorithms() -> set[str]:
     return {key.split("/", 1)[0] for key in _noise()}
 
 
-def noise_key(case: Case, compute_dtype: str, optimizer: str | None = None) -> str:
-    """The noise key of `case` run in `compute_dtype` (as `optimizer`, default the case's own)."""
-    return f"{optimizer or case.optimizer}/{case.param_dtype}@{compute_dtype}/{case.orthogonalizer}/{case.grad}"
+EPS_GRADIENTS = ("tiny",)
+"""Gradient kinds whose noise depends on the declared normaliser's eps: at 1e-10 gradients eps dominates
+s ||U|| + eps, so it sets where the polynomial starts (a 1 x 16 tiny direction: sigma 0.04 under eps 1e-8,
+0.004 under ours' 1e-7) and how much it amplifies the bf16 rounding. Elsewhere eps is ~1e-8 of ||U||."""
+
+
+def noise_schedule(case: Case, declared: Orthogonalizer | None) -> str:
+    """The declared schedule's part of a noise key, after the case's orthogonalizer: "" where the target runs
+    the coefficients (and iteration) ours runs for that orthogonalizer, else ":" and the schedule's name as
+    the tolerance policy names it (tolerance.schedule_name: "you", "pe102", ...; ours' option name for one of
+    ours run on another orthogonalizer's cases, e.g. Keller Jordan's quintic in the Gram iteration), after
+    the declared iteration where it is not the case's ("gram-")."""
+    if declared is None or declared.kind != "polynomial":
+        return ""
+    own = Orthogonalizer.named(case.orthogonalizer)
+    if tuple(declared.schedule) == tuple(own.schedule) and declared.iteration == own.iteration:
+        return ""
+    name = tolerance.schedule_name(declared) or next(
+        n for n, (coefficients, _) in tolerance.OWN_SCHEDULES.items() if tuple(coefficients) == tuple(declared.schedule))
+    iteration = "" if declared.iteration == own.iteration else f"{declared.iteration}-"
+    return f":{iteration}{name}"
+
+
+def noise_key(case: Case, compute_dtype: str, optimizer: str | None = None,
+              declared: Orthogonalizer | None = None) -> str:
+    """The noise key of `case` run in `compute_dtype` (as `optimizer`, default the case's own) by a target
+    declaring orthogonalizer `declared` (default ours'): algorithm, dtypes, the case's orthogonalizer and the
+    declared schedule (noise_schedule), gradient kind, and for EPS_GRADIENTS the declared eps where it is not
+    ours' ("tiny:eps1e-08"). The noise is that of the schedule the target runs, as the tolerance policy's
+    keys: You's quintics on a rank-1 bf16 step move the norm statistic ~3x as far as Keller Jordan's."""
+    grad = case.grad
+    if declared is not None and declared.kind == "polynomial" and case.grad in EPS_GRADIENTS:
+        eps = declared.normaliser.eps
+        grad += "" if eps == Orthogonalizer.named(case.orthogonalizer).normaliser.eps else f":eps{eps:g}"
+    return (f"{optimizer or case.optimizer}/{case.param_dtype}@{compute_dtype}/{case.orthogonalizer}"
+            f"{noise_schedule(case, declared)}/{grad}")
 
 
 def _orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Conventions) -> np.ndarray:
@@ -223,6 +259,8 @@ def decay_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case, c
     correct run can give there (decayed or not) the one nearer `observed` (the decayed run's x_new)."""
     scale = lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)
     lam = (case.lr if conv.weight_decay_lr == "base" else case.lr * scale) * weight_decay
+    if conv.decay_dtype != "fp64":
+        return _folded_expected(x_prev, undecayed_step, case, conv, weight_decay, observed)
 
     def stepped(decay: np.ndarray | float) -> np.ndarray:
         if conv.weight_decay_order == "before":
@@ -233,6 +271,43 @@ def decay_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case, c
         return stepped(1.0 - lam)
     expected = stepped(np.where(x_prev * -undecayed_step > 0.0, 1.0 - lam, 1.0))
     decayed, kept = stepped(1.0 - lam), stepped(1.0)
+    nearer = np.where(np.abs(observed - decayed) < np.abs(observed - kept), decayed, kept)
+    return np.where(undecayed_step == 0.0, nearer, expected)
+
+
+def _bracket_nearest(v: np.ndarray, fmt: str, wanted: np.ndarray) -> np.ndarray:
+    """Per entry, of the two values of format `fmt` around `v` (v itself where it is one), the one nearer
+    `wanted`: a correct rounding of v to `fmt` is one of them, whichever way it went at a tie."""
+    r = round_to(v, fmt)
+    other = r + np.sign(v - r) * ulp(v, fmt)
+    return np.where(np.abs(wanted - r) <= np.abs(wanted - other), r, other)
+
+
+def _folded_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case, conv: Conventions,
+                     weight_decay: float, observed: np.ndarray) -> np.ndarray:
+    """decay_expected for decay folded into the update (Conventions.decay_dtype): x_prev - step W with
+    W = round(O + (lr_wd / step) wd x_prev mask) in decay_dtype, O = -undecayed_step / step (the same O the
+    undecayed run applied). That rounding does not cancel between the runs (bf16: 2^-9 of |O + wd X|, ~1e3
+    ulps of an fp32 parameter), so W is judged as either bf16 neighbour of the exact sum, the one nearer the
+    observed W: the relation then still sees the decay to one bf16 ulp of W per entry (a decay missing,
+    doubled or with the other lr moves W by ~lr wd |X| / step, tens of its ulps at the probe's wd)."""
+    def hold(v: float) -> float:  # a scalar as the target holds it (Conventions.lr_dtype)
+        return float(round_to(np.float64(v), conv.lr_dtype))
+
+    lr = hold(case.lr)
+    step = hold(lr * hold(lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)))
+    ratio = (lr if conv.weight_decay_lr == "base" else step) / step
+    o = -undecayed_step / step
+    w_observed = (x_prev - observed) / step
+
+    def stepped(mask: np.ndarray | float) -> np.ndarray:
+        exact = o + ratio * weight_decay * x_prev * mask
+        return x_prev - step * _bracket_nearest(exact, conv.decay_dtype, w_observed)
+
+    if conv.weight_decay_mask != "cautious":
+        return stepped(1.0)
+    expected = stepped(np.where(x_prev * o > 0.0, 1.0, 0.0))
+    decayed, kept = stepped(1.0), stepped(0.0)
     nearer = np.where(np.abs(observed - decayed) < np.abs(observed - kept), decayed, kept)
     return np.where(undecayed_step == 0.0, nearer, expected)
 
@@ -307,7 +382,12 @@ def rescale_check(case: Case, target: Target, inputs: Inputs, traj: base.Traject
     """The scale relation, where bf16 rounding cancels: the target's run with gradients x 2^10 against
     its own run without, step by step from each run's own previous parameter, exact up to PROBE_ULPS
     ulps of the parameter dtype; judged where the declared eps is negligible (_eps_visible)."""
-    why = _eps_visible(case, target.conventions(case), inputs)
+    conv = target.conventions(case)
+    if conv.rounding == "stochastic":
+        return base.Outcome("rescale", base.NO_METRICS, None, f"ill-posed: the target rounds U to {conv.compute_dtype} "
+                            "stochastically, so the scaled and unscaled runs round differently and nothing cancels",
+                            skipped=True)
+    why = _eps_visible(case, conv, inputs)
     if why is not None:
         return base.Outcome("rescale", base.NO_METRICS, None, why, skipped=True)
     scaled = inputs.scaled(base.SCALE_FACTOR)
@@ -330,24 +410,27 @@ def _noise() -> dict[str, dict[str, float]]:
     return _noise_data()["worst"]
 
 
-def measured_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
+def measured_noise(case: Case, compute_dtype: str, declared: Orthogonalizer | None = None
+                   ) -> dict[str, float] | None:
     """The measured worst |statistic| of ours for `case` run in `compute_dtype` (None if unmeasured),
     at least that of the algorithm whose every step it can take (harness.algorithms `includes`: Dion2
     with fraction 1 is Muon), as the tolerance policy does: a correct Dion2 step can be a Muon step.
     Measured: `dion2-f0.25/conv2d-8x4x3x3/mb3/flat/bf16@fp32/svd/.../huge/seed1` showed norm 0.00685
     where Dion2's own key had met 0.00215 and Muon's 0.0184."""
-    own = _noise().get(noise_key(case, compute_dtype))
+    own = _noise().get(noise_key(case, compute_dtype, declared=declared))
     inner = algorithm(case).includes
-    other = _noise().get(noise_key(case, compute_dtype, inner)) if inner else None
+    other = _noise().get(noise_key(case, compute_dtype, inner, declared)) if inner else None
     if own is None or other is None:
         return own
     return {stat: max(value, other.get(stat, 0.0)) for stat, value in own.items()}
 
 
-def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float]) -> base.Outcome:
-    """Outcome of robust check `name` from its statistics: the worst |value| / tolerance."""
-    key = noise_key(case, compute_dtype)
-    measured = measured_noise(case, compute_dtype)
+def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
+          declared: Orthogonalizer | None = None) -> base.Outcome:
+    """Outcome of robust check `name` from its statistics: the worst |value| / tolerance, under the noise
+    of the orthogonalizer the target declares (`declared`, default ours')."""
+    key = noise_key(case, compute_dtype, declared=declared)
+    measured = measured_noise(case, compute_dtype, declared)
     if measured is None:
         return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
     unmeasured = sorted(set(values) - set(measured))
@@ -391,7 +474,8 @@ def robust_applicable(case: Case, compute_dtype: str) -> list[str]:
 
 def norm_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
     got = statistics(case, target, inputs, traj, spectrum=False)
-    return judge("norm", case, target.conventions(case).compute_dtype, {k: got[k] for k in ("norm", "decay")})
+    conv = target.conventions(case)
+    return judge("norm", case, conv.compute_dtype, {k: got[k] for k in ("norm", "decay")}, conv.orthogonalizer)
 
 
 def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
@@ -400,8 +484,9 @@ def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajec
         return base.Outcome("spectrum", base.NO_METRICS, None, "no singular value that rounding resolves (see "
                                                                "robust_checks.SV_RESOLVED): no spectrum to judge",
                             skipped=True)
-    return judge("spectrum", case, target.conventions(case).compute_dtype,
-                 {k: got[k] for k in ("sv_mean", "sv_spread")})
+    conv = target.conventions(case)
+    return judge("spectrum", case, conv.compute_dtype, {k: got[k] for k in ("sv_mean", "sv_spread")},
+                 conv.orthogonalizer)
 
 
 def rows_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
@@ -409,7 +494,8 @@ def rows_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
     if "row_spread" not in got:
         return base.Outcome("rows", base.NO_METRICS, None, "fewer than two nonzero rows per matrix: no row "
                                                            "profile to judge", skipped=True)
-    return judge("rows", case, target.conventions(case).compute_dtype, {"row_spread": got["row_spread"]})
+    conv = target.conventions(case)
+    return judge("rows", case, conv.compute_dtype, {"row_spread": got["row_spread"]}, conv.orthogonalizer)
 
 
 CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "rows": rows_check, "probe": probe_check,

@@ -98,6 +98,12 @@ class Conventions:
     normuon_rows: the rows NorMuon normalises: "matrix" the rows of the orthogonalized matrix view,
                norm restored over the parameter | "trailing" the rows of every trailing 2-D slice
                [shape[-2], shape[-1]] of the parameter, norm restored per slice
+    decay_dtype: where weight decay joins the step: "fp64" applied to the parameter on its own,
+               X (1 - lr_wd wd) (exact in the reference) | a format: folded into the orthogonalized
+               update, which is held in that format, X <- X - lr scale round(O + (lr_wd / (lr scale)) wd X)
+               (the mask applies to the decay term; "before" order only). The decay term is then
+               rounded with O to that format (bf16: 2^-9 of |O + wd X| relative) before it reaches the
+               parameter: a real, harmless imprecision that this makes part of the reference.
     """
 
     orthogonalizer: Orthogonalizer
@@ -113,22 +119,29 @@ class Conventions:
     state_dtype: str = "fp64"
     lr_dtype: str = "fp64"
     normuon_rows: str = "matrix"
+    decay_dtype: str = "fp64"
 
     def __post_init__(self) -> None:
         choices = {"momentum": MOMENTA, "nesterov": NESTEROVS,
                    "weight_decay_order": ("before", "after"), "weight_decay_lr": ("base", "adjusted"),
                    "lr_scale": LR_SCALES, "lr_dims": LR_DIMS, "compute_dtype": FORMATS,
                    "weight_decay_mask": DECAY_MASKS, "rounding": ROUNDINGS, "state_dtype": FORMATS,
-                   "lr_dtype": FORMATS, "normuon_rows": NORMUON_ROWS}
+                   "lr_dtype": FORMATS, "normuon_rows": NORMUON_ROWS, "decay_dtype": FORMATS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Conventions.{name}={getattr(self, name)!r}; expected one of {allowed}")
+        if self.decay_dtype != "fp64" and self.weight_decay_order != "before":
+            raise ValueError(f"Conventions.decay_dtype={self.decay_dtype!r} folds decay into the update, which "
+                             f"decays the parameter before it (weight_decay_order 'before', not "
+                             f"{self.weight_decay_order!r})")
 
     def held_formats(self) -> str:
         """What the target holds in a format coarser than fp64 and the reference therefore rounds too
         (a real, harmless imprecision of the target, not a failure), or "" if nothing."""
         held = [f"{what} in {fmt}" for what, fmt in (("lr", self.lr_dtype), ("momentum", self.state_dtype))
                 if fmt != "fp64"]
+        if self.decay_dtype != "fp64":
+            held.append(f"the decay term in {self.decay_dtype}, folded into the update")
         if self.rounding == "stochastic":
             held.append(f"U stochastically rounded to {self.compute_dtype} (reference: its expectation)")
         return ("the target holds " + ", ".join(held) + "; the reference does the same") if held else ""

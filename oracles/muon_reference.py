@@ -5,7 +5,8 @@
   O = orth(round_compute(U)) per matrix of the parameter's matrix view
       (stochastic rounding: its expectation, U itself)
   X <- X (1 - lr_wd wd); X <- X - lr scale O   (or the declared order; cautious decay masks
-      the entries where X O <= 0; lr and scale held in the declared lr format)
+      the entries where X O <= 0; lr and scale held in the declared lr format; or, declared
+      decay_dtype, X <- X - lr scale round(O + wd X) with the decay folded into the held update)
 
 Matrix view: with flatten, [out, *rest] is the one matrix [out, prod(rest)];
 without, a 2-D parameter is itself and a 3-D+ one is a batch of its trailing 2-D
@@ -124,6 +125,10 @@ def apply_update(x: np.ndarray, update: np.ndarray, hyper: MuonHyper, conv: Conv
     `scale_shape`, default X's shape: e.g. one head block); cautious decay leaves the entries where
     X * update <= 0 undecayed."""
     step, lr_wd = step_sizes(x.shape if scale_shape is None else scale_shape, hyper, conv)
+    mask = np.where(x * update > 0.0, 1.0, 0.0) if conv.weight_decay_mask == "cautious" else 1.0
+    if conv.decay_dtype != "fp64":
+        # decay folded into the update, held in decay_dtype: X - step round(O + (lr_wd / step) wd X mask)
+        return x - step * stored(update + (lr_wd / step) * hyper.weight_decay * x * mask, conv.decay_dtype)
     decay = 1.0 - lr_wd * hyper.weight_decay
     if conv.weight_decay_mask == "cautious":
         decay = np.where(x * update > 0.0, decay, 1.0)

@@ -31,11 +31,11 @@ NESTEROV = dataclasses.replace(PLAIN, nesterov=True)
 def test_defaults_are_unchanged():
     conv = Conventions(orthogonalizer=NS)
     assert (conv.momentum, conv.nesterov, conv.weight_decay_mask, conv.rounding, conv.state_dtype, conv.lr_dtype,
-            conv.normuon_rows) == ("sum", "sum", "all", "nearest", "fp64", "fp64", "matrix")
+            conv.normuon_rows, conv.decay_dtype) == ("sum", "sum", "all", "nearest", "fp64", "fp64", "matrix", "fp64")
 
 
 @pytest.mark.parametrize("field", ["momentum", "nesterov", "weight_decay_mask", "rounding", "state_dtype",
-                                   "lr_dtype", "normuon_rows"])
+                                   "lr_dtype", "normuon_rows", "decay_dtype"])
 def test_unknown_values_are_refused_by_name(field):
     with pytest.raises(ValueError, match=f"Conventions.{field}="):
         Conventions(orthogonalizer=NS, **{field: "nonsense"})
@@ -70,6 +70,31 @@ def test_cautious_decay_by_hand():
     decayed = 1.0 - 0.5 * 0.2
     expected = np.array([[decayed - 0.5, 1.0 + 0.5], [-1.0 - 0.5, -decayed + 0.5]])
     np.testing.assert_array_equal(apply_update(x, o, hyper, conv), expected)
+
+
+def test_decay_dtype_folds_the_decay_into_the_held_update_by_hand():
+    """decay_dtype bf16: X - step bf16(O + (lr_wd / step) wd X). With lr 0.5, wd 0.25, scale 1 and O = 1, a
+    decay term below half a bf16 ulp of 1 is lost, one that is a bf16 value survives; cautious decay masks
+    the decay term only; a base-lr decay is folded as (lr / step) wd X; an "after" order cannot fold."""
+    hyper = dataclasses.replace(PLAIN, lr=0.5, weight_decay=0.25)
+    conv = Conventions(orthogonalizer=NS, lr_scale="none", weight_decay_lr="adjusted", decay_dtype="bf16")
+    x, o = np.array([[2.0**-8]]), np.array([[1.0]])
+    # wd X = 2^-10: O + wd X = 1 + 2^-10, which bf16 (7 stored bits) rounds to 1: the decay term is lost
+    assert apply_update(x, o, hyper, conv)[0, 0] == 2.0**-8 - 0.5
+    exact = apply_update(x, o, hyper, dataclasses.replace(conv, decay_dtype="fp64"))[0, 0]
+    assert exact == 2.0**-8 * (1 - 0.5 * 0.25) - 0.5
+    # 2^-7 of decay survives: 1 + 2^-7 is a bf16 value
+    big = np.array([[2.0**-5]])
+    assert apply_update(big, o, hyper, conv)[0, 0] == 2.0**-5 - 0.5 * (1 + 2.0**-7)
+    cautious = dataclasses.replace(conv, weight_decay_mask="cautious")
+    assert apply_update(-big, o, hyper, cautious)[0, 0] == -(2.0**-5) - 0.5  # X O < 0: no decay term
+    base = dataclasses.replace(conv, lr_scale="spectral_norm", weight_decay_lr="base")  # 1 x 4: scale 1/2
+    wide = np.full((1, 4), 2.0**-5)
+    # step 0.25, lr_wd 0.5: the folded term is (0.5 / 0.25) wd X = 2^-6, O + 2^-6 is a bf16 value
+    np.testing.assert_array_equal(apply_update(wide, np.ones((1, 4)), hyper, base), wide - 0.25 * (1 + 2.0**-6))
+    assert "the decay term in bf16" in conv.held_formats()
+    with pytest.raises(ValueError, match="decay_dtype"):
+        Conventions(orthogonalizer=NS, decay_dtype="bf16", weight_decay_order="after")
 
 
 def test_state_dtype_rounds_the_buffer_and_its_inputs():
@@ -222,6 +247,10 @@ class _ConventionSGD(torch.optim.Optimizer):
             scale = torch.tensor(math.sqrt(p.shape[0] / p.shape[1]), dtype=held[conv.lr_dtype])
             step = float(lr * scale)
             mask = (p * x > 0).to(p.dtype) if conv.weight_decay_mask == "cautious" else 1.0
+            if conv.decay_dtype == "bf16":  # decay added into a bf16 update, as dtensor-muon does
+                held_update = (x + float(lr) / step * case.weight_decay * p * mask).to(torch.bfloat16)
+                p.sub_(step * held_update.to(p.dtype))
+                continue
             p.mul_(1.0 - float(lr) * case.weight_decay * mask).sub_(step * x)
 
 
@@ -234,6 +263,7 @@ VARIANTS = {
     "state_dtype fp32": (dataclasses.replace(BASE, state_dtype="fp32"), True),
     "lr_dtype fp32": (dataclasses.replace(BASE, lr_dtype="fp32"), True),
     "schedule You": (dataclasses.replace(BASE, orthogonalizer=Orthogonalizer.polynomial(YOU_QUINTICS, eps=1e-7)), True),
+    "decay_dtype bf16": (dataclasses.replace(BASE, decay_dtype="bf16"), True),
 }
 """name -> (a convention that differs from BASE, whether the case is Nesterov)."""
 

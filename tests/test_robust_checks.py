@@ -180,3 +180,22 @@ def test_dion2_noise_is_at_least_muons_whose_steps_it_takes():
     assert got == {s: max(v, inner[s]) for s, v in own.items()} and got["norm"] > own["norm"]
     assert robust_checks.judge("norm", dion2, "fp32", {"norm": -0.00685, "decay": 0.0437}).status == "pass"
     assert robust_checks.judge("norm", dion2, "fp32", {"norm": -0.2, "decay": 0.0437}).status == "fail"
+
+
+def test_rescale_is_ill_posed_for_stochastic_rounding():
+    """A target declaring stochastic rounding of U (heavyball) rounds its scaled and unscaled runs
+    differently: nothing cancels, so `rescale` is skipped as ill-posed, as `probe` is (heavyball failed 8 CI
+    cases at 8e3-2e5); declared round-to-nearest, the same run of ours is judged and passes."""
+    from harness.targets.ours import OursMuon
+
+    class Stochastic(OursMuon):
+        def conventions(self, c):
+            return dataclasses.replace(super().conventions(c), rounding="stochastic")
+
+    case = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0")
+    inputs = make_inputs(case)
+    got = {}
+    for name, target in (("stochastic", Stochastic()), ("nearest", OursMuon())):
+        got[name] = robust_checks.rescale_check(case, target, inputs, target.run(inputs.params, inputs.grads, case))
+    assert got["stochastic"].status == "skipped" and "stochastically" in got["stochastic"].message
+    assert got["nearest"].status == "pass", got["nearest"].message

@@ -9,7 +9,9 @@ What its source does (dtensor-muon 0.1.0, optim/optim.py, orthogonalize/):
     of their trailing matrices and 4-D+ ones are refused.
   - lr scale sqrt(max(1, fan_out/fan_in)) of that view, an fp32 tensor, times the fp32 lr tensor.
   - decay folded into the update: X <- X - lr_adj (O + wd X [O X > 0]): cautious decay with the
-    adjusted lr.
+    adjusted lr. O is zeropower's bf16 tensor and the decay is added into it in place
+    (`u.addcmul_(param_fp32, u * param_fp32 > 0, value=wd)`), so O + wd X is rounded to bf16 before
+    it reaches the fp32 parameter: declared `decay_dtype="bf16"`.
 Its `zeropower` takes `use_triton=True` by default and Muon does not expose it; the Triton
 kernels assert CUDA. On CPU the adapter calls dtensor-muon's own pure-torch loops (`ns_loop`,
 `pe_loop`: `use_triton=False`) by rebinding the name Muon looks up for the duration of a run
@@ -61,7 +63,7 @@ class DtensorMuon(PeerTarget):
         return Conventions(
             orthogonalizer=orth, weight_decay_lr="adjusted", weight_decay_mask="cautious",
             lr_scale="spectral_norm_clamped", lr_dims="flattened" if case.flatten else "last_two",
-            compute_dtype="bf16", state_dtype="fp32", lr_dtype="fp32")
+            compute_dtype="bf16", state_dtype="fp32", lr_dtype="fp32", decay_dtype="bf16")
 
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
         assert self.module is not None
