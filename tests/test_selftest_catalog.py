@@ -12,7 +12,6 @@ import functools
 
 import pytest
 
-from cases import ci_cases
 from harness import selftest
 from harness.selftest_catalog import BY_NAME, CATALOG
 from harness.targets import load_target
@@ -25,7 +24,7 @@ its quick case (harness.selftest.hidden_by_noise), so an entry here is a gap of 
 
 @functools.cache
 def _tier():
-    return ci_cases()
+    return selftest.selftest_tier()
 
 
 def _params():
