@@ -49,14 +49,16 @@ CASES_PER_DEFECT = 6
 
 DRIFT_CASES: tuple[Case, ...] = tuple(Case.from_id(i) for i in (
     "muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps8/gaussian/seed0",
-    "muon/linear-12x20/mb1/noflat/fp32@bf16/pe/spectral_norm/nesterov/wd0/steps8/gaussian/seed0",
-    "muon/linear_tall-24x6/mb1/noflat/fp32@bf16/pe/rms_norm/plain/wd0/steps8/gaussian/seed0",
+    "muon/linear_tall-24x6/mb1/noflat/fp32@bf16/ns/rms_norm/plain/wd0/steps8/gaussian/seed0",
+    "muon/conv2d-8x4x3x3/mb1/flat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps8/gaussian/seed0",
     "normuon/linear_tall-24x6/mb1/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps8/gaussian/seed0",
 ))
 """The selftest's own long cases, after the CI tier: 8 steps, so that the `drift` robust check runs its
 128-step persistent-gradient trajectory there (robust_checks.DRIFT_MIN_STEPS; too slow for the CI tier).
-Matrix layers with bf16 compute, where the defects that no CI bf16 case shows (a bf16 momentum buffer, Polar
-Express without its safety factor, ...) are measured against ours' drift noise (harness/bf16_drift_noise.json)."""
+Matrix layers with fp32 parameters and bf16 compute, where a bf16 momentum buffer, which no CI bf16 case
+shows, is measured against the drift noise of correct bf16 implementations (harness/bf16_drift_noise.json).
+Newton-Schulz: the same cases with Polar Express are ill-posed for the reference at 8 steps (rtol 0.36 >
+0.25: amplification ~370 of the orthogonalized direction), so the selftest would pass over them."""
 
 
 def selftest_tier() -> list[Case]:
@@ -254,8 +256,8 @@ def drift_visibility(target: Target, ours: Target, case: Case, inputs: Inputs, m
     against the allowance plus ours' value on the same case (the rounding both runs carry)."""
     theirs = robust_checks.drift_statistics(case, target, inputs)["drift"]
     mine = robust_checks.drift_statistics(case, ours, inputs)["drift"]
-    return Visibility("drift", math.inf if math.isnan(theirs) else theirs, robust_checks.NOISE_MARGIN * measured,
-                      _finite(mine))
+    return Visibility("drift", math.inf if math.isnan(theirs) else abs(theirs), robust_checks.NOISE_MARGIN * measured,
+                      abs(_finite(mine)))
 
 
 def distributed_visibility(target: Target, target_spec: str, ours: Target, case: Case) -> list[Visibility]:

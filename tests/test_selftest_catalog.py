@@ -1,6 +1,7 @@
 """The selftest in CI, one test per catalog defect and compute class so that `pytest -n auto`
-spreads them: on its quick tier (the first CI case where it can show with bf16 compute, and the
-first without: harness.selftest.candidates), every defect is killed with the right diagnosis,
+spreads them: on its quick tier (the first case where it can show with bf16 compute, and the first
+without, from the CI tier and then the selftest's own long cases, harness.selftest.DRIFT_CASES:
+harness.selftest.candidates), every defect is killed with the right diagnosis,
 and the correct targets (ours, torch) raise no false alarm on those cases.
 
 A defect that survives on its quick tier is listed in SURVIVES with the measured reason; its test
