@@ -359,11 +359,12 @@ def measured_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
 
 
 def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
-          noise: tuple[str, dict[str, float] | None, str] | None = None) -> base.Outcome:
+          noise: tuple[str, dict[str, float] | None, str, str] | None = None) -> base.Outcome:
     """Outcome of robust check `name` from its statistics: the worst |value| / tolerance. `noise`
-    (key, measured worst per statistic or None, file name) replaces the case's bf16 noise key."""
-    key, measured, file_name = noise or (noise_key(case, compute_dtype), measured_noise(case, compute_dtype),
-                                         NOISE_FILE.name)
+    (key, measured worst per statistic or None, file name, whose runs were measured) replaces the case's
+    bf16 noise key."""
+    key, measured, file_name, measured_on = noise or (noise_key(case, compute_dtype),
+                                                      measured_noise(case, compute_dtype), NOISE_FILE.name, "ours")
     if measured is None:
         return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
     unmeasured = sorted(set(values) - set(measured))
@@ -384,7 +385,7 @@ def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
         ratios = {s: math.inf for s in values}
     worst = max(ratios, key=ratios.get)
     tol_value = NOISE_MARGIN * measured[worst]
-    source = (f"bf16 noise {key}: {NOISE_MARGIN:g} x worst |{worst}| of ours in the measurement "
+    source = (f"bf16 noise {key}: {NOISE_MARGIN:g} x worst |{worst}| of {measured_on} in the measurement "
               f"({measured[worst]:.3g}; {file_name})")
     message = f"worst {worst}: " + ", ".join(f"{s} {values[s]:+.3g} ({ratios[s]:.2g} x allowed)" for s in values)
     metrics = Metrics(max_abs=math.nan, rel_err=abs(values[worst]), max_ulp=math.nan, allowed=tol_value,
@@ -485,7 +486,9 @@ def drift_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajector
     compute = target.conventions(case).compute_dtype
     key = drift_key(case, compute)
     got = drift_statistics(case, target, inputs)
-    out = judge("drift", case, compute, {"drift": got["drift"]}, (key, drift_noise(case, compute), DRIFT_FILE.name))
+    correct = ", ".join(_drift_data().get("correct", ["ours"]))
+    out = judge("drift", case, compute, {"drift": got["drift"]},
+                (key, drift_noise(case, compute), DRIFT_FILE.name, f"correct bf16 runs ({correct})"))
     return dataclasses.replace(out, message=f"{out.message}; accumulated error {got['drift_level']:.3g} of the "
                                             f"{DRIFT_FACTOR * case.steps}-step displacement, "
                                             f"{got['drift_early']:.3g} over its first eighth")
