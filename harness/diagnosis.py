@@ -217,6 +217,11 @@ def _from_robust(checks: dict[str, Record]) -> str | None:
         if robust_checks.worst_statistic(norm.message) == "decay":
             return f"weight-decay: the error has a component along the parameter ({norm.message})"
         return f"lr-scale: the update's size differs systematically ({norm.message})"
+    drift = checks.get("drift")
+    if drift is not None and drift.failing:
+        return (f"momentum: under a persistent gradient the error of the accumulated displacement grows "
+                f"with the steps, where a correct run's stays at its first steps' level: state accumulated "
+                f"wrong ({drift.message})")
     return None
 
 

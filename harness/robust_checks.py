@@ -35,6 +35,12 @@ except `probe`, an exact relation:
             normaliser's eps is below half an fp32 ulp of s ||U|| (_eps_visible):
             momentum is linear and the normaliser divides a power of two out exactly, so a
             correct run repeats its own roundings (an eps far larger than declared)
+  drift     Muon and NorMuon cases of DRIFT_MIN_STEPS steps or more, fp32/fp64 parameters: a
+            DRIFT_FACTOR x longer run with the case's first gradients every step; the growth of the
+            accumulated displacement's relative error from the first eighth of the steps to the end
+            (a bf16 momentum buffer stagnates: state accumulated wrong), against the worst growth of
+            correct bf16 implementations per layer (harness/bf16_drift_noise.json,
+            `benchmarks/measure_bf16_drift_noise.py`)
 
 err = dX - dref with dX the target's step and dref the FP64 reference step from the same
 previous parameter (harness.checks.reference_steps). They apply where bf16 is involved
@@ -87,8 +93,16 @@ ALGORITHM_CHECKS = {"muon": {"spectrum": ("sv_mean", "sv_spread")}, "normuon": {
 
 
 STATISTIC_CHECKS = {"norm": ("norm", "decay"),
-                    **{name: stats for checks in ALGORITHM_CHECKS.values() for name, stats in checks.items()}}
-"""The robust checks judging statistics (all but probe), with the statistics each judges."""
+                    **{name: stats for checks in ALGORITHM_CHECKS.values() for name, stats in checks.items()},
+                    "drift": ("drift",)}
+"""The robust checks judging statistics (all but probe and rescale), with the statistics each judges."""
+DRIFT_FILE = Path(__file__).with_name("bf16_drift_noise.json")
+DRIFT_MIN_STEPS = 8
+"""`drift` judges the cases of at least this many steps (none in the CI tier: its 128-step trajectory costs
+~1-3 s a case on CPU; the selftest's own long cases, harness.selftest.DRIFT_CASES)."""
+DRIFT_FACTOR = 16
+"""`drift` runs DRIFT_FACTOR x the case's steps (128 for 8) with the case's first gradients every step."""
+DRIFT_OPTIMIZERS = ("muon", "normuon")
 
 
 def extra_statistics(optimizer: str) -> set[str]:
@@ -426,11 +440,14 @@ def measured_noise(case: Case, compute_dtype: str, declared: Orthogonalizer | No
 
 
 def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
-          declared: Orthogonalizer | None = None) -> base.Outcome:
-    """Outcome of robust check `name` from its statistics: the worst |value| / tolerance, under the noise
-    of the orthogonalizer the target declares (`declared`, default ours')."""
-    key = noise_key(case, compute_dtype, declared=declared)
-    measured = measured_noise(case, compute_dtype, declared)
+          declared: Orthogonalizer | None = None,
+          noise: tuple[str, dict[str, float] | None, str, str] | None = None) -> base.Outcome:
+    """Outcome of robust check `name` from its statistics: the worst |value| / tolerance, under the bf16
+    noise of the orthogonalizer the target declares (`declared`, default ours'). `noise` (key, measured
+    worst per statistic or None, file name, whose runs were measured) replaces that noise key."""
+    key, measured, file_name, measured_on = noise or (noise_key(case, compute_dtype, declared=declared),
+                                                      measured_noise(case, compute_dtype, declared),
+                                                      NOISE_FILE.name, "ours")
     if measured is None:
         return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
     unmeasured = sorted(set(values) - set(measured))
@@ -451,8 +468,8 @@ def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
         ratios = {s: math.inf for s in values}
     worst = max(ratios, key=ratios.get)
     tol_value = NOISE_MARGIN * measured[worst]
-    source = (f"bf16 noise {key}: {NOISE_MARGIN:g} x worst |{worst}| of ours in the measurement "
-              f"({measured[worst]:.3g}; {NOISE_FILE.name})")
+    source = (f"bf16 noise {key}: {NOISE_MARGIN:g} x worst |{worst}| of {measured_on} in the measurement "
+              f"({measured[worst]:.3g}; {file_name})")
     message = f"worst {worst}: " + ", ".join(f"{s} {values[s]:+.3g} ({ratios[s]:.2g} x allowed)" for s in values)
     metrics = Metrics(max_abs=math.nan, rel_err=abs(values[worst]), max_ulp=math.nan, allowed=tol_value,
                       ratio=ratios[worst])
@@ -469,7 +486,95 @@ def robust_applicable(case: Case, compute_dtype: str) -> list[str]:
     if not applies(case, compute_dtype):
         return []
     return ["norm", *ALGORITHM_CHECKS.get(case.optimizer, {}), "probe",
-            *(["rescale"] if case.grad in RESCALE_GRADIENTS else [])]
+            *(["rescale"] if case.grad in RESCALE_GRADIENTS else []),
+            *(["drift"] if drift_applies(case) else [])]
+
+
+# --- drift: a long trajectory under a persistent gradient --------------------------------------------
+
+def drift_applies(case: Case) -> bool:
+    """Whether `drift` judges `case` (besides `applies`): Muon or NorMuon, fp32 or fp64 parameters (a bf16
+    parameter's storage rounding grows with the parameter over the long trajectory: measured, ours' drift
+    on muon bf16@bf16 Polar Express linear_tall grew from 0.021 over the first eighth to 0.066), at least
+    DRIFT_MIN_STEPS steps."""
+    return case.optimizer in DRIFT_OPTIMIZERS and case.param_dtype != "bf16" and case.steps >= DRIFT_MIN_STEPS
+
+
+def drift_key(case: Case, compute_dtype: str) -> str:
+    """The drift noise key: the bf16 noise key with the layer and its matrix view (the noise of a correct
+    run depends on the matrix shape: maxima over every shape would be the 1 x n layer's)."""
+    return f"{noise_key(case, compute_dtype)}/{case.layer}/{'flat' if case.flatten else 'noflat'}"
+
+
+def drift_stream(case: Case, inputs: Inputs) -> tuple[Case, Inputs]:
+    """The drift trajectory: DRIFT_FACTOR x the case's steps, each step the case's first gradients."""
+    long = dataclasses.replace(case, steps=DRIFT_FACTOR * case.steps)
+    return long, Inputs(inputs.params, [inputs.grads[0]] * long.steps, inputs.flatten)
+
+
+def drift_statistics(case: Case, target: Target, inputs: Inputs) -> dict[str, float]:
+    """The target's drift trajectory against the FP64 reference, each step from the target's own previous
+    parameter: `drift_level` = ||sum_k err_k|| / ||sum_k dref_k|| over every member (the accumulated error
+    of the displacement, relative), `drift_early` the same over the first eighth of the steps, and
+    `drift` = drift_level - drift_early, the error's growth: a correct run's error, once momentum has
+    converged, is the same rounding every step (one persistent gradient), so its level stays where the
+    first steps put it, whatever that level (ours 0.004, a plain op-by-op bf16 loop 0.016 on one case);
+    state accumulated wrong (a bf16 buffer's stagnation) makes it grow."""
+    long, stream = drift_stream(case, inputs)
+    traj = target.run(stream.params, stream.grads, long)
+    early_steps = max(1, long.steps // 8)
+    err: dict[int, np.ndarray] = {}
+    ref: dict[int, np.ndarray] = {}
+    early_err: dict[int, np.ndarray] = {}
+    early_ref: dict[int, np.ndarray] = {}
+    for n, (_, x_prev, x_new, x_ref) in enumerate(base.reference_steps(long, target, stream.params, stream.grads,
+                                                                       traj)):
+        member, k = divmod(n, long.steps)
+        if not np.all(np.isfinite(x_new)):
+            return {"drift": math.inf, "drift_level": math.inf, "drift_early": math.inf}
+        err[member] = err.get(member, 0.0) + (x_new - x_ref)
+        ref[member] = ref.get(member, 0.0) + (x_ref - x_prev)
+        if k < early_steps:
+            early_err[member], early_ref[member] = err[member].copy(), ref[member].copy()
+
+    def relative(e: dict[int, np.ndarray], r: dict[int, np.ndarray]) -> float:
+        size = math.sqrt(sum(float(np.vdot(x, x)) for x in r.values()))
+        gone = math.sqrt(sum(float(np.vdot(x, x)) for x in e.values()))
+        return gone / size if size else (0.0 if gone == 0.0 else math.inf)
+
+    level, early = relative(err, ref), relative(early_err, early_ref)
+    return {"drift": level - early, "drift_level": level, "drift_early": early}
+
+
+@functools.cache
+def _drift_data() -> dict:
+    """The measurement (benchmarks/measure_bf16_drift_noise.py): per drift key the "worst" |drift| of the
+    correct implementations measured."""
+    return json.loads(DRIFT_FILE.read_text())
+
+
+def drift_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
+    """The measured worst |drift| for `case` run in `compute_dtype` (None if unmeasured)."""
+    return _drift_data()["worst"].get(drift_key(case, compute_dtype))
+
+
+def drift_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+    """The growth of the accumulated error over a DRIFT_FACTOR x longer trajectory under a persistent
+    gradient (the case's first gradients every step; drift_statistics) against NOISE_MARGIN x the worst
+    growth measured on correct bf16 implementations for its drift key (ours, a plain op-by-op loop,
+    torch.optim.Muon where it runs the case). A constant gradient makes momentum and a state defect's
+    error coherent across the steps: a momentum buffer held in bf16 stagnates once mu's decrement falls
+    below half an ulp of the buffer (after ~63 steps at mu 0.95), an entry-dependent error that grows
+    where a correct fp32 buffer's does not."""
+    compute = target.conventions(case).compute_dtype
+    key = drift_key(case, compute)
+    got = drift_statistics(case, target, inputs)
+    correct = ", ".join(_drift_data().get("correct", ["ours"]))
+    out = judge("drift", case, compute, {"drift": got["drift"]},
+                noise=(key, drift_noise(case, compute), DRIFT_FILE.name, f"correct bf16 runs ({correct})"))
+    return dataclasses.replace(out, message=f"{out.message}; accumulated error {got['drift_level']:.3g} of the "
+                                            f"{DRIFT_FACTOR * case.steps}-step displacement, "
+                                            f"{got['drift_early']:.3g} over its first eighth")
 
 
 def norm_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
@@ -499,7 +604,7 @@ def rows_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
 
 
 CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "rows": rows_check, "probe": probe_check,
-          "rescale": rescale_check}
+          "rescale": rescale_check, "drift": drift_check}
 
 # Last: harness.checks registers CHECKS above, and these checks use its helpers at call time, so
 # either module may be imported first.

@@ -38,7 +38,7 @@ import torch
 from cases import Case, ci_cases
 from harness import checks, diagnosis, robust_checks, tolerance
 from harness.algorithms import algorithm
-from harness.inputs import make_inputs
+from harness.inputs import Inputs, make_inputs
 from harness.runner import run, run_case
 from harness.selftest_catalog import CATALOG, Defect, spec
 from harness.targets import load_target
@@ -46,6 +46,24 @@ from harness.targets.base import Target
 from reports import Record
 
 CASES_PER_DEFECT = 6
+
+DRIFT_CASES: tuple[Case, ...] = tuple(Case.from_id(i) for i in (
+    "muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps8/gaussian/seed0",
+    "muon/linear_tall-24x6/mb1/noflat/fp32@bf16/ns/rms_norm/plain/wd0/steps8/gaussian/seed0",
+    "muon/conv2d-8x4x3x3/mb1/flat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps8/gaussian/seed0",
+    "normuon/linear_tall-24x6/mb1/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps8/gaussian/seed0",
+))
+"""The selftest's own long cases, after the CI tier: 8 steps, so that the `drift` robust check runs its
+128-step persistent-gradient trajectory there (robust_checks.DRIFT_MIN_STEPS; too slow for the CI tier).
+Matrix layers with fp32 parameters and bf16 compute, where a bf16 momentum buffer, which no CI bf16 case
+shows, is measured against the drift noise of correct bf16 implementations (harness/bf16_drift_noise.json).
+Newton-Schulz: the same cases with Polar Express are ill-posed for the reference at 8 steps (rtol 0.36 >
+0.25: amplification ~370 of the orthogonalized direction), so the selftest would pass over them."""
+
+
+def selftest_tier() -> list[Case]:
+    """The cases the selftest chooses from: the CI tier, then DRIFT_CASES."""
+    return ci_cases() + list(DRIFT_CASES)
 
 
 def _torch_bf16_buffer(case: Case) -> str | None:
@@ -225,7 +243,21 @@ def visibility(target: Target, ours: Target, case: Case) -> list[Visibility]:
         for stat in sorted(judged & set(measured) & set(exact)):
             out.append(Visibility(stat, abs(exact[stat]), robust_checks.NOISE_MARGIN * measured[stat],
                                   abs(noise.get(stat, 0.0))))
+    drift = robust_checks.drift_noise(case, compute) if "drift" in statistic_checks else None
+    if drift:  # a norm of the accumulated error, measured on the case itself (see drift_visibility)
+        out.append(drift_visibility(target, ours, case, inputs, drift["drift"]))
     return out
+
+
+def drift_visibility(target: Target, ours: Target, case: Case, inputs: Inputs, measured: float) -> Visibility:
+    """`drift`'s Visibility: its statistic is a norm of the accumulated error, not a signed mean that an
+    fp64 twin could give free of noise, and the defects it is for act through the rounding (a bf16 buffer's
+    stagnation; a safety factor that exists for bf16 rounding): the defect's value on the case itself, set
+    against the allowance plus ours' value on the same case (the rounding both runs carry)."""
+    theirs = robust_checks.drift_statistics(case, target, inputs)["drift"]
+    mine = robust_checks.drift_statistics(case, ours, inputs)["drift"]
+    return Visibility("drift", math.inf if math.isnan(theirs) else abs(theirs), robust_checks.NOISE_MARGIN * measured,
+                      abs(_finite(mine)))
 
 
 def distributed_visibility(target: Target, target_spec: str, ours: Target, case: Case) -> list[Visibility]:
@@ -368,7 +400,7 @@ def selftest(limit: int = CASES_PER_DEFECT, defects: tuple[Defect, ...] = CATALO
     """Run every defect and the correct targets; see the module docstring."""
     start = time.perf_counter()
     torch.set_num_threads(1)
-    tier = ci_cases()
+    tier = selftest_tier()
     ours = load_target("ours")
     verdicts: dict[str, list[Verdict]] = {}
     hidden: dict[str, dict[str, str]] = {}

@@ -199,3 +199,36 @@ def test_rescale_is_ill_posed_for_stochastic_rounding():
         got[name] = robust_checks.rescale_check(case, target, inputs, target.run(inputs.params, inputs.grads, case))
     assert got["stochastic"].status == "skipped" and "stochastically" in got["stochastic"].message
     assert got["nearest"].status == "pass", got["nearest"].message
+def test_drift_applies_to_long_muon_and_normuon_cases_only_none_of_the_ci_tier():
+    long = dataclasses.replace(BF16, steps=robust_checks.DRIFT_MIN_STEPS)
+    assert robust_checks.robust_applicable(long, "bf16")[-1] == "drift"
+    assert robust_checks.robust_applicable(dataclasses.replace(long, optimizer="normuon"), "bf16")[-1] == "drift"
+    assert "drift" not in robust_checks.robust_applicable(BF16, "bf16")
+    assert not [c.id for c in ci_cases() if "drift" in robust_checks.robust_applicable(c, c.compute_dtype)]
+
+
+def test_drift_noise_is_measured_for_every_selftest_drift_case():
+    from harness.selftest import DRIFT_CASES
+
+    ours = load_target("ours")
+    for case in DRIFT_CASES:
+        compute = ours.conventions(case).compute_dtype
+        assert "drift" in robust_checks.robust_applicable(case, compute), case.id
+        assert robust_checks.drift_noise(case, compute), robust_checks.drift_key(case, compute)
+
+
+def test_drift_sees_a_bf16_momentum_buffer_that_every_per_step_statistic_misses():
+    """Negative control: a bf16 momentum buffer (fp32 parameters, bf16 compute) stagnates under a persistent
+    gradient and its error grows; ours and a second, plain op-by-op bf16 implementation (whose error level
+    is 4x ours' there, but does not grow) pass the same case."""
+    from harness.selftest import DRIFT_CASES
+    from harness.selftest_catalog import _POLYNOMIAL
+
+    case = DRIFT_CASES[0]
+    inputs = make_inputs(case)
+    for target in (load_target("ours"), _POLYNOMIAL()):
+        passed = robust_checks.drift_check(case, target, inputs, target.run(inputs.params, inputs.grads, case))
+        assert passed.status == "pass", passed.message
+    defect = BY_NAME["momentum-bf16"].make()
+    failed = robust_checks.drift_check(case, defect, inputs, defect.run(inputs.params, inputs.grads, case))
+    assert failed.status == "fail", failed.message

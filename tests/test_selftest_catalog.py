@@ -1,6 +1,7 @@
 """The selftest in CI, one test per catalog defect and compute class so that `pytest -n auto`
-spreads them: on its quick tier (the first CI case where it can show with bf16 compute, and the
-first without: harness.selftest.candidates), every defect is killed with the right diagnosis,
+spreads them: on its quick tier (the first case where it can show with bf16 compute, and the first
+without, from the CI tier and then the selftest's own long cases, harness.selftest.DRIFT_CASES:
+harness.selftest.candidates), every defect is killed with the right diagnosis,
 and the correct targets (ours, torch) raise no false alarm on those cases.
 
 A defect that survives on its quick tier is listed in SURVIVES with the measured reason; its test
@@ -12,7 +13,6 @@ import functools
 
 import pytest
 
-from cases import ci_cases
 from harness import selftest
 from harness.selftest_catalog import BY_NAME, CATALOG
 from harness.targets import load_target
@@ -23,9 +23,26 @@ SURVIVES: dict[tuple[str, str], str] = {}
 its quick case (harness.selftest.hidden_by_noise), so an entry here is a gap of the checks."""
 
 
+NOWHERE: dict[tuple[str, str], str] = {
+    ("pe-coefficient-typo", "bf16"): "hidden by noise on every bf16-compute case: it moves the update 0.3-0.5% "
+    "in fp64, and a correct plain op-by-op bf16 loop (its host) errs ~4% a step; its drift growth is 0.0000 +- "
+    "0.0025 (docs/findings/bf16-drift-issue10.md)",
+    ("pe-no-safety", "bf16"): "hidden by noise on every bf16-compute case: its bf16 error level (0.079) is 6x "
+    "ours' but 1.5x a correct plain bf16 loop's worst (0.054), and it does not grow over a long run",
+    ("normuon-variance-bf16", "bf16"): "hidden by noise on every bf16-compute case: the row factors its "
+    "stagnated bf16 variance leaves are the size of ours' own bf16 row noise (row_spread 0.0077 vs 0.0066)",
+    ("svd-no-cutoff", "bf16"): "SVD runs in fp32 at least: the tier has no bf16-compute SVD case",
+    ("dion2-local-as-global", "bf16"): "no bf16-compute case of the tier where it can show",
+}
+"""(defect, compute class) with no case of the selftest tier where the defect can show, and why (the
+selftest prints the measured numbers of each hidden case). Any other defect without such a case fails:
+a defect that could be shown and is no longer (momentum-bf16 with bf16 compute, on the selftest's long
+cases: harness.selftest.DRIFT_CASES) is a regression of the checks."""
+
+
 @functools.cache
 def _tier():
-    return ci_cases()
+    return selftest.selftest_tier()
 
 
 def _params():
@@ -41,7 +58,8 @@ def test_defect_is_killed_and_diagnosed_without_false_alarms(name, kind):
     defect = BY_NAME[name]
     cases = selftest.candidates(defect, defect.make(), load_target("ours"), _tier(), kind == "bf16", 1)
     if not cases:
-        pytest.skip(f"{name} can show in no CI case with {'bf16' if kind == 'bf16' else 'fp32/fp64'} compute")
+        assert (name, kind) in NOWHERE, f"{name} can no longer show in any {kind} case of the selftest tier"
+        pytest.skip(NOWHERE[(name, kind)])
     verdicts = selftest.judge(defect, cases)
     assert all(v.killed for v in verdicts), [v.case.id for v in verdicts if not v.killed]
     assert all(v.explained for v in verdicts), [(v.case.id, v.diagnosis) for v in verdicts]
