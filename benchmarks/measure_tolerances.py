@@ -25,7 +25,7 @@ counted (no rtol judges them).
 
   python benchmarks/measure_tolerances.py --device cpu --out harness/tolerance_measured/cpu.json
   python benchmarks/measure_tolerances.py --device cuda --out harness/tolerance_measured/cuda.json
-      [--tier ci|nightly] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
+      [--tier ci|nightly|gpu] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
       [--drawn N --drawn-seed S --optimizers NAME ... --per-key K] [--merge FILE ... [--drop REGEX]]
       [--shard I/N] [--schedules NAME ...]
 
@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cases import Case, tier
+from cases import TIERS, Case, tier
 from harness import backends, sensitivity, tolerance
 from harness.algorithms import algorithm
 from harness.checks import SCALE_FACTOR, reference_steps, unscalable
@@ -286,7 +286,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=tolerance.DEVICE_CLASSES)
     parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
-    parser.add_argument("--tier", default="nightly", choices=("ci", "nightly", "none"),
+    parser.add_argument("--tier", default="nightly", choices=(*TIERS, "none"),
                         help="tier whose cases are measured (none: only --drawn cases)")
     parser.add_argument("--select", nargs="*", default=[], help="only cases whose id contains one of these")
     parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")

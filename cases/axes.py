@@ -27,6 +27,19 @@ NIGHTLY_LAYERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "conv3d_big": ("conv3d", (32, 16, 3, 3, 3)),
 }
 
+GPU_LAYERS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "linear_gpu": ("linear", (2048, 4096)),
+    "linear_gpu_tall": ("linear", (4096, 2048)),
+    "conv2d_gpu": ("conv2d", (2048, 512, 3, 3)),
+}
+"""Layers of the GPU tier only (cases/tiers.py "gpu"), sized to engage the fast paths that start at a size:
+the symmetric products by blocks (optimizers/symmetric.py) and the Triton kernel (symmetric.TRITON) from a
+short side of 2 * BLOCK = 2048 rows, and any peer's kernels from smaller sizes (gram-newton-schulz's from
+256). Aspect 2 and more (the conv flattened: 2048 x 4608) keeps a Gaussian direction well conditioned
+(condition ~6), where the bf16 reference is well posed. Their cases run on CUDA only (harness/backends.py):
+the FP64 oracle of one 2048 x 4096 step is an SVD of that size, minutes on a loaded 2-core machine. Not in
+`all_layers()`: no covering array or strategy draws them."""
+
 LAYER_KINDS = ("linear", "conv1d", "conv2d", "conv3d")
 MEGABATCH_SIZES = (1, 2, 3, 5)
 DTYPES = ("fp64", "fp32", "bf16")
@@ -67,6 +80,11 @@ rounding (relative 2^-9) stays a few percent of a Muon update of lr ~ 0.02."""
 def all_layers() -> dict[str, tuple[str, tuple[int, ...]]]:
     """CI and nightly layers together."""
     return {**LAYERS, **NIGHTLY_LAYERS}
+
+
+def known_layers() -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every layer a case may name: CI, nightly and the GPU tier's."""
+    return {**all_layers(), **GPU_LAYERS}
 
 
 def compute_ok(orthogonalizer: str, compute_dtype: str) -> bool:

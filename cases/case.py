@@ -52,7 +52,7 @@ class Case:
     scope: str | None = None
 
     def __post_init__(self) -> None:
-        allowed = {"layer": tuple(axes.all_layers()), "param_dtype": axes.DTYPES,
+        allowed = {"layer": tuple(axes.known_layers()), "param_dtype": axes.DTYPES,
                    "compute_dtype": axes.DTYPES, "orthogonalizer": axes.EVERY_ORTHOGONALIZER,
                    "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS, "optimizer": axes.OPTIMIZERS}
         for name, values in allowed.items():
@@ -117,11 +117,11 @@ class Case:
     @property
     def kind(self) -> str:
         """Layer kind: linear, conv1d, conv2d or conv3d."""
-        return axes.all_layers()[self.layer][0]
+        return axes.known_layers()[self.layer][0]
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return axes.all_layers()[self.layer][1]
+        return axes.known_layers()[self.layer][1]
 
     @property
     def shape_text(self) -> str:

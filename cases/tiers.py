@@ -11,7 +11,8 @@ every three axes appears in some case. That holds in particular for the axes tha
                   layout x world size (how members spread over owners), algorithm x layout
 
 CI uses the small layers, world sizes 2-4 and one seed; nightly the larger layers too, world
-sizes up to 8 and more seeds, and contains the CI tier. Dion2 and NorDion2 (whose fraction and
+sizes up to 8 and more seeds, and contains the CI tier. The gpu tier is a few hand-written cases of
+layers large enough to engage the GPU fast paths (axes.GPU_LAYERS), run on CUDA only. Dion2 and NorDion2 (whose fraction and
 selection scope are axes of their own) and the tensor-parallel layouts come from hand-written
 generators below, not yet from a covering array. Another generator (say, for a new algorithm) is one more entry of
 `GENERATORS`: a space's `cases_of`, or any function returning cases.
@@ -27,7 +28,7 @@ from cases import axes, layouts
 from cases.case import Case
 from cases.covering import Constraint, Space, covering_array
 
-TIERS = ("ci", "nightly")
+TIERS = ("ci", "nightly", "gpu")
 
 DERIVED = ("kind",)
 """Axes of a space that are no field of Case: the layer kind follows from the layer."""
@@ -242,6 +243,27 @@ def _tensor_parallel_ci() -> Iterator[Case]:
     return (c for c in _tensor_parallel(("linear",)) if c.id.endswith(_TP_CI))
 
 
+def _gpu_fast_paths() -> Iterator[Case]:
+    """The GPU tier: few cases, each large enough to engage a fast path of ours (axes.GPU_LAYERS: a short side
+    of 2048, where symmetric products go by blocks or, with symmetric.TRITON, by the Triton kernel), one
+    process on CUDA. Every orthogonalizer that forms symmetric products, bf16 compute (Polar Express and
+    Newton-Schulz in bf16; Gram Newton-Schulz iterating in fp16, optimizers/gram_newton_schulz.py
+    HALF_ITERATES) and fp32, wide, tall and a flattened conv, a megabatch of 2 (stacked blocks), bf16
+    parameters, and 2 steps where CUDA graphs capture (a plan captures at its second step, which replays).
+    Gaussian gradients keep the bf16 references well posed (condition ~6); one fp32 case is low-rank. Kept
+    to 11 member-steps: each costs FP64 SVDs of 2048 x 4096 on the host."""
+    def case(layer, mb, pd, cd, orth, adjust_lr, nesterov, wd, steps, grad):
+        return Case(layer=layer, megabatch=mb, flatten=len(axes.GPU_LAYERS[layer][1]) > 2, param_dtype=pd,
+                    compute_dtype=cd, orthogonalizer=orth, adjust_lr=adjust_lr, nesterov=nesterov, weight_decay=wd,
+                    steps=steps, grad=grad)
+    yield case("linear_gpu", 2, "fp32", "bf16", "polar_express", "spectral_norm", True, 0.1, 1, "gaussian")
+    yield case("linear_gpu_tall", 1, "bf16", "bf16", "newton_schulz", "rms_norm", False, 0.0, 2, "gaussian")
+    yield case("linear_gpu", 1, "fp32", "bf16", axes.GRAM, "none", True, 0.1, 2, "gaussian")
+    yield case("conv2d_gpu", 1, "fp32", "fp32", axes.GRAM, "spectral_norm", False, 0.1, 1, "gaussian")
+    yield case("linear_gpu_tall", 2, "fp32", "fp32", "polar_express", "none", True, 0.0, 1, "lowrank")
+    yield case("conv2d_gpu", 1, "bf16", "bf16", "polar_express", "rms_norm", True, 0.0, 1, "gaussian")
+
+
 GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
     "ci": [*(functools.partial(cases_of, s) for s in SPACES["ci"].values()),
            lambda: _bf16_envelope(axes.LAYERS),
@@ -262,8 +284,10 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
                                             "conv2d_big"), layouts.NIGHTLY_WORLD_SIZES, range(1), every_size=True),
                 lambda: _dion2_scope_dependence(layouts.NIGHTLY_WORLD_SIZES),
                 lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big"))],
+    "gpu": [_gpu_fast_paths],
 }
-"""What each tier is the union of; nightly also contains the whole CI tier."""
+"""What each tier is the union of; nightly also contains the whole CI tier; gpu holds only its own cases
+(run it with --backend cuda; elsewhere each is skipped with the reason)."""
 
 
 def _unique(cases: Iterable[Case]) -> list[Case]:
@@ -283,11 +307,16 @@ def ci_cases() -> list[Case]:
     return list(_tier("ci"))
 
 
+def gpu_cases() -> list[Case]:
+    """The GPU tier: few cases large enough to engage every fast path, CUDA only."""
+    return list(_tier("gpu"))
+
+
 def nightly_cases() -> list[Case]:
     """The nightly tier: the CI tier plus every triple of every axis, larger layers, more seeds."""
     return list(_tier("nightly"))
 
 
 def tier(name: str) -> list[Case]:
-    """Cases of tier `name` ("ci" or "nightly")."""
+    """Cases of tier `name` ("ci", "nightly" or "gpu")."""
     return list(_tier(name))

@@ -6,7 +6,7 @@
   nccl  a pool of ranks, one GPU each                distributed cases
 
 A backend that cannot run a case here (no GPU, fewer GPUs than ranks, a torchrun world
-too small) says why; the runner records that case as skipped with the reason, never as pass.
+too small, a GPU-tier case on a CPU backend) says why; the runner records that case as skipped with the reason, never as pass.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from cases import Case
+from cases import Case, axes
 from harness.inputs import Inputs
 from harness.targets.base import Target
 
@@ -43,6 +43,10 @@ class Backend:
     def unavailable(self, case: Case, max_world: int | None = None) -> str | None:
         """Why `case` cannot run on this backend here (None if it can); `max_world`: the ranks
         a torchrun world offers."""
+        if self.device_type != "cuda" and case.layer in axes.GPU_LAYERS:
+            return (f"{self.name}: {case.layer} ({case.shape_text}) is a GPU-tier layer, run on CUDA only "
+                    f"(--backend cuda): it is sized to engage the GPU fast paths, and its FP64 oracle costs "
+                    f"minutes per step on a CPU")
         if self.device_type == "cuda" and not torch.cuda.is_available():
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             return f"{self.name}: no CUDA device visible (torch {torch.__version__}, {build})"

@@ -1,6 +1,6 @@
 """The conformance tier as tests of your own pytest suite (entry point `pytest11`).
 
-    pytest -n auto --muon-target=my_pkg.targets:target [--muon-tier=ci|nightly]
+    pytest -n auto --muon-target=my_pkg.targets:target [--muon-tier=ci|nightly|gpu]
            [--muon-select=SUBSTRING ...] [--muon-backend=cpu,gloo,...] [--muon-out=DIR]
 
 Write each value with `=`: pytest chooses its rootdir (and ini file) before plugin options

@@ -37,7 +37,8 @@ class Muon(torch.optim.Optimizer):
         "newton_schulz") and the steps before which it restarts (default (2,), as published); its divergences
         are recomputed by the standard iteration and counted in optimizers.gram_newton_schulz.STATS.
       ns_steps: polynomial steps (default 5).
-      compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere).
+      compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere); asked for bf16,
+        "gram_newton_schulz" iterates in fp16 as the published versions do (gram_newton_schulz.HALF_ITERATES).
       eps: added to the Frobenius norm in the normaliser.
       mesh: None (one process), or the ProcessGroup / DeviceMesh the parameters are distributed over:
         plain tensors are replicated (DDP), DTensors sharded Shard(d) (FSDP2: d = 0) or replicated;

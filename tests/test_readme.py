@@ -259,6 +259,16 @@ def gpu_block_checker(out: str) -> Callable[[Path, bool], None]:
     return check
 
 
+def check_gpu_triton(folder: Path, gpus: bool) -> None:
+    """Without a GPU every check is unsupported with the reason; with one, every check that ran passes."""
+    got = records(folder / "out-gpu-triton")
+    assert got and all(r.backend == "cuda" for r in got)
+    if gpus:
+        assert all(r.status in ("pass", "unsupported", "skipped") for r in got) and any(r.status == "pass" for r in got)
+        return
+    assert all(r.status == "unsupported" and "no CUDA device visible" in r.message for r in got), got
+
+
 CHECKS: dict[str, Callable[[Path, bool], None]] = {
     "one-case": check_one_case,
     "mine": check_mine,
@@ -268,6 +278,7 @@ CHECKS: dict[str, Callable[[Path, bool], None]] = {
     "gloo": check_gloo,
     "nccl": gpu_block_checker("out-nccl"),
     "torchrun": gpu_block_checker("out-torchrun"),
+    "gpu-triton": check_gpu_triton,
 }
 """What each run block's documented outcome is, beyond its exit status."""
 

@@ -11,6 +11,8 @@ from harness.targets.base import OptimizerTarget, Target
 
 ALIASES: dict[str, str] = {
     "ours": "harness.targets.ours:target",
+    "ours-triton": "harness.targets.fast_paths:triton",
+    "ours-graphs": "harness.targets.fast_paths:cuda_graphs",
     "torch": "harness.targets.torch_builtin:target",
     "control-layer-mixing": "harness.targets.controls:layer_mixing",
     "control-lr-last-two-dims": "harness.targets.controls:lr_last_two_dims",

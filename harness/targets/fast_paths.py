@@ -1,0 +1,105 @@
+"""Our optimizer with a GPU fast path switched on, so that the harness judges the fast path itself against
+the FP64 oracle (issue 13): `ours-triton` (optimizers.symmetric.TRITON: the Triton kernel for the symmetric
+products) and `ours-graphs` (Muon(cuda_graphs=True): each small megabatch's orthogonalization captured once per
+plan and replayed).
+
+Each declares ours' conventions and answers `unsupported` for every case its fast path cannot engage, with
+the reason, so that every pass is a judged run of the fast path, never ours' eager path passing under
+another name:
+
+  ours-triton  CUDA with triton installed, one process, a polynomial orthogonalizer (not SVD), bf16 compute
+               (Gram Newton-Schulz then iterates in fp16: both kernel dtypes), and a matrix whose short side
+               reaches 2 * symmetric.BLOCK (2048): the GPU tier's bf16 cases (`--tier gpu`).
+  ours-graphs  CUDA, one process, Muon or NorMuon, an orthogonalizer graphs.CAPTURED takes, a megabatch
+               of at most graphs.MAX_NUMEL elements, and 2 steps or more (a plan's first step is eager, its
+               second captures and replays, later ones replay): the CI tier's multi-step cases and the GPU
+               tier's.
+
+    python -m harness run --backend cuda --target ours-triton --tier gpu --out out-triton
+    python -m harness run --backend cuda --target ours-graphs --out out-graphs
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+import optimizers
+from cases import Case, matrix_shape
+from harness.targets.ours import OursMuon
+from optimizers import graphs, symmetric
+
+
+def _cuda() -> str | None:
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        return f"no CUDA device visible (torch {torch.__version__}, {build}); the fast path runs on CUDA only"
+    return None
+
+
+class OursTriton(OursMuon):
+    """optimizers.Muon with optimizers.symmetric.TRITON on while it steps (restored after)."""
+
+    name = "ours-triton"
+
+    def version(self) -> str:
+        return super().version() + ", symmetric.TRITON"
+
+    def unsupported(self, case: Case) -> str | None:
+        if case.world_size > 1:
+            return "ours-triton judges one process (the kernel is the same under a layout); distributed cases: ours"
+        if case.orthogonalizer == "svd" or case.compute_dtype != "bf16":
+            return (f"the Triton kernel forms bf16/fp16 symmetric products of the polynomial orthogonalizers; "
+                    f"this case computes {case.orthogonalizer} in {case.compute_dtype}")
+        _, m, n = matrix_shape(case.shape, case.flatten)
+        if min(m, n) < 2 * symmetric.BLOCK:
+            return (f"its matrices ({m} x {n}) have a short side below 2 x symmetric.BLOCK = {2 * symmetric.BLOCK}, "
+                    f"where no product is split, so the kernel never runs (the GPU tier's cases engage it)")
+        why = _cuda()
+        if why is None and symmetric.triton_kernel() is None:
+            why = "triton cannot be imported here (pip install triton)"
+        return why
+
+    def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
+            case: Case) -> list[list[torch.Tensor]]:
+        before = symmetric.TRITON
+        symmetric.TRITON = True
+        try:
+            return super().run(params, grads, case)
+        finally:
+            symmetric.TRITON = before
+
+
+class OursGraphs(OursMuon):
+    """optimizers.Muon(cuda_graphs=True)."""
+
+    name = "ours-graphs"
+
+    def version(self) -> str:
+        return super().version() + ", cuda_graphs=True"
+
+    def unsupported(self, case: Case) -> str | None:
+        if case.world_size > 1:
+            return "CUDA graphs capture single-process megabatches only; distributed cases: ours"
+        if case.optimizer not in ("muon", "normuon") or case.orthogonalizer not in graphs.CAPTURED:
+            return (f"CUDA graphs capture Muon and NorMuon with {', '.join(graphs.CAPTURED)}; this case is "
+                    f"{case.optimizer} with {case.orthogonalizer} (eager)")
+        numel = case.megabatch * math.prod(case.shape)
+        if numel > graphs.MAX_NUMEL:
+            return f"its megabatch has {numel} elements, above graphs.MAX_NUMEL = {graphs.MAX_NUMEL} (eager)"
+        if case.steps < 2:
+            return "one step: a plan's first step runs eagerly, its second captures and replays"
+        return _cuda()
+
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        return optimizers.Muon(params, **self.options(case), cuda_graphs=True)
+
+
+def triton() -> OursTriton:
+    return OursTriton()
+
+
+def cuda_graphs() -> OursGraphs:
+    return OursGraphs()

@@ -1,0 +1,88 @@
+"""The GPU tier (issue 13): cases large enough to engage every fast path of ours, CUDA only, and the targets
+that switch a fast path on (ours-triton, ours-graphs) so the harness judges it against the FP64 oracle."""
+
+import pytest
+import torch
+
+from cases import Case, axes, matrix_shape, tier
+from harness.runner import run_case
+from harness.targets import load_target
+from optimizers import graphs, symmetric
+
+GPU = tier("gpu")
+SMALL = "muon/linear-12x20/mb2/noflat/fp32@bf16/pe/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0"
+
+
+def test_the_gpu_tier_is_new_ids_only():
+    """Additive: no GPU-tier id is a CI or nightly id, every one parses back, and no other tier holds a GPU layer."""
+    ids = [c.id for c in GPU]
+    assert len(set(ids)) == len(ids) == 6
+    assert not set(ids) & {c.id for c in tier("nightly")}
+    assert all(Case.from_id(i).id == i for i in ids)
+    assert not any(c.layer in axes.GPU_LAYERS for c in tier("nightly"))
+
+
+def test_every_gpu_case_engages_the_split_symmetric_products():
+    """Each matrix's short side reaches 2 x symmetric.BLOCK (the blocked products and the Triton kernel);
+    together the cases hold every orthogonalizer that forms symmetric products, bf16 and fp32 compute, bf16
+    parameters, wide, tall and a flattened conv, a megabatch of 2, and 2 steps (a CUDA graph's capture)."""
+    for case in GPU:
+        _, m, n = matrix_shape(case.shape, case.flatten)
+        assert symmetric.blocks(min(m, n)) >= 2, case.id
+    assert {c.orthogonalizer for c in GPU} == {"polar_express", "newton_schulz", axes.GRAM}
+    assert {c.compute_dtype for c in GPU} == {"bf16", "fp32"} and "bf16" in {c.param_dtype for c in GPU}
+    assert {c.kind for c in GPU} == {"linear", "conv2d"} and any(c.flatten for c in GPU)
+    assert any(c.shape[0] > c.shape[1] for c in GPU) and any(c.shape[0] < c.shape[1] for c in GPU)
+    assert max(c.megabatch for c in GPU) == 2 and max(c.steps for c in GPU) == 2
+    assert sum(c.megabatch * c.steps for c in GPU) <= 12, "each member-step costs FP64 SVDs of 2048 x 4096"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_a_gpu_case_is_never_passed_without_cuda(backend):
+    """On the CPU backend a GPU-tier case is skipped with the reason; on cuda without a GPU, too."""
+    if backend == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    records = run_case(GPU[0], load_target("ours"), "ours", backend)
+    assert records and all(r.status == "skipped" for r in records)
+    why = "GPU-tier layer, run on CUDA only" if backend == "cpu" else "no CUDA device visible"
+    assert all(why in r.message for r in records), records[0].message
+
+
+def test_ours_triton_runs_only_where_the_kernel_engages():
+    target = load_target("ours-triton")
+    assert "short side below 2 x symmetric.BLOCK" in target.unsupported(Case.from_id(SMALL))
+    fp32 = next(c for c in GPU if c.compute_dtype == "fp32")
+    assert "bf16/fp16 symmetric products" in target.unsupported(fp32)
+    bf16 = [c for c in GPU if c.compute_dtype == "bf16"]
+    assert len(bf16) == 4
+    if not torch.cuda.is_available():
+        assert all("no CUDA device visible" in target.unsupported(c) for c in bf16)
+
+
+def test_ours_graphs_runs_only_where_a_plan_captures():
+    target = load_target("ours-graphs")
+    one_step = Case.from_id(SMALL.replace("steps3", "steps1"))
+    assert "first step runs eagerly" in target.unsupported(one_step)
+    assert "eager" in target.unsupported(Case.from_id(SMALL.replace("/fp32@bf16/pe/", "/fp32@fp32/svd/")))
+    dion2 = Case.from_id("dion2-f0.25/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/plain/wd0.1/steps3/gaussian/seed0")
+    assert "dion2" in target.unsupported(dion2)
+    captured = [c for c in GPU if c.steps >= 2]
+    assert captured and all(c.megabatch * c.shape[0] * c.shape[1] <= graphs.MAX_NUMEL for c in captured)
+    if not torch.cuda.is_available():
+        assert "no CUDA device visible" in target.unsupported(Case.from_id(SMALL))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ours_triton_is_judged_with_the_kernel_running(monkeypatch):
+    """The smallest GPU-tier case (one member, one step) under ours-triton: the Triton kernel forms its
+    products, and no check fails or errors."""
+    if symmetric.triton_kernel() is None:
+        pytest.skip("triton is not installed")
+    kernel = symmetric.triton_kernel()
+    calls = []
+    real = kernel.symmetric_baddbmm
+    monkeypatch.setattr(kernel, "symmetric_baddbmm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    case = next(c for c in GPU if c.layer == "conv2d_gpu" and c.compute_dtype == "bf16")
+    records = run_case(case, load_target("ours-triton"), "ours-triton", "cuda")
+    assert calls and symmetric.TRITON is False
+    assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
