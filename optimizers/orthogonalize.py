@@ -57,5 +57,5 @@ def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dt
                                        compute_dtype, restarts, gram.STATS)
     if name == "svd":
         svd_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
-        return polar_via_svd(x.to(svd_dtype)).to(x.dtype)
-    return polynomial(x.to(compute_dtype), name, steps, eps).to(x.dtype)
+        return gram.as_dtype(polar_via_svd(x.to(svd_dtype)), x.dtype)
+    return gram.as_dtype(polynomial(x.to(compute_dtype), name, steps, eps), x.dtype)

@@ -27,6 +27,8 @@ import torch.distributed as dist
 
 from optimizers import distributed, state as param_state, tensor_parallel
 from optimizers.algorithms import Algorithm
+from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
+from optimizers.algorithms.muon import momentum_direction, momentum_directions
 from optimizers.graphs import PlanGraphs, capturable as graph_eligible
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
@@ -114,9 +116,11 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 update = algorithm.direction(p.grad, entry, group)
                 algorithm.apply(distributed.local(p), update, entry, group, algorithm.lr_scale(tuple(p.shape), group))
             continue
-        directions = {}
-        for p in plan.params:
-            directions[p] = algorithm.direction(p.grad, param_state.create(p, state[p], algorithm, group), group)
+        entries = [param_state.create(p, state[p], algorithm, group) for p in plan.params]
+        if algorithm.direction is momentum_direction:  # the same bits, in a few foreach passes
+            directions = dict(zip(plan.params, momentum_directions([p.grad for p in plan.params], entries, group)))
+        else:
+            directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in zip(plan.params, entries)}
         for number, batch in enumerate(plan.megabatches):
             matrix_update = algorithm.matrix_update(group, batch.shape)
             members = [directions[p] for p in batch.params]
@@ -130,6 +134,10 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             entries = [state[p] for p in batch.params]
             updates = algorithm.postprocess(updates, entries, group)
             scale = algorithm.lr_scale(batch.shape, group)
+            if algorithm.apply is decoupled_apply:  # the same bits, in one or two foreach passes
+                decoupled_apply_all([distributed.local(p) for p in batch.params], list(updates.unbind(0)), group,
+                                    scale)
+                continue
             for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
                 algorithm.apply(distributed.local(p), update, entry, group, scale)
 

@@ -1,0 +1,106 @@
+"""Issue 13's elementwise passes: each fused or batched form gives the bits of the form it replaces,
+and one step launches the kernels it should (counted on CPU, benchmarks/step_kernels.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from optimizers import Muon
+from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
+from optimizers.algorithms.muon import momentum_direction, momentum_directions
+from optimizers.coefficients import POLAR_EXPRESS, NEWTON_SCHULZ_QUINTIC
+from optimizers.gram_newton_schulz import normalised, plus_identity
+from optimizers.orthogonalize import orthogonalize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu_step  # noqa: E402
+import step_kernels  # noqa: E402
+
+SHAPES = [(12, 5), (5, 12), (7, 7), (3, 4, 2, 2)]
+
+
+def tensors(dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(s, generator=g) * scale).to(dtype) for s in SHAPES]
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_momentum_directions_are_the_per_parameter_bits(nesterov, dtype):
+    group = {"momentum": 0.95, "nesterov": nesterov}
+    grads, bufs = tensors(dtype, 1), tensors(dtype, 2)
+    states = [{"momentum_buffer": b.clone()} for b in bufs]
+    expected_states = [{"momentum_buffer": b.clone()} for b in bufs]
+    got = momentum_directions(grads, states, group)
+    expected = [momentum_direction(g, s, group) for g, s in zip(grads, expected_states)]
+    for a, b, s, t in zip(got, expected, states, expected_states):
+        assert torch.equal(a, b) and torch.equal(s["momentum_buffer"], t["momentum_buffer"])
+    if not nesterov:  # the direction is the buffer itself, as per parameter
+        assert all(d is s["momentum_buffer"] for d, s in zip(got, states))
+    assert momentum_directions([], [], group) == []
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_decoupled_apply_all_is_the_per_parameter_bits(weight_decay):
+    group = {"lr": 0.02, "weight_decay": weight_decay}
+    xs, updates = tensors(seed=3), tensors(seed=4)
+    ys = [x.clone() for x in xs]
+    decoupled_apply_all(xs, updates, group, 1.7)
+    for y, u in zip(ys, updates):
+        decoupled_apply(y, u, {}, group, 1.7)
+    assert all(torch.equal(x, y) for x, y in zip(xs, ys))
+    decoupled_apply_all([], [], group, 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("a", [c[0] / 1.01 for c in POLAR_EXPRESS] + [NEWTON_SCHULZ_QUINTIC[0]])
+def test_plus_identity_rounds_as_adding_a_scaled_identity(dtype, a):
+    z = torch.randn(3, 9, 9, generator=torch.Generator().manual_seed(5)).to(dtype)
+    eye = torch.eye(9, dtype=dtype).expand(3, -1, -1)
+    assert torch.equal(plus_identity(z, a), z + a * eye)
+
+
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("tall", [False, True])
+def test_normalised_in_one_pass_is_the_two_pass_bits_and_layout(compute, dtype, tall):
+    """Divide in >= fp32, round to the compute dtype as it is written: what dividing and then casting
+    gave, in the same memory layout (a tall matrix's transposed view stays one)."""
+    x = (torch.randn(4, 9, 21, generator=torch.Generator().manual_seed(6)) * 1e3).to(dtype)
+    x = x.mT if tall else x
+    wide = x.to(torch.promote_types(dtype, torch.float32))
+    norm = torch.linalg.matrix_norm(wide, ord="fro", keepdim=True)
+    expected = (wide / (norm * 1.01 + 1e-7)).to(compute)
+    got = normalised(x, 1.01, 1e-7, compute)
+    assert got.dtype == compute and torch.equal(got, expected) and got.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("name", ["polar_express", "newton_schulz", "gram_newton_schulz", "svd"])
+def test_a_tall_result_comes_back_row_major_in_the_input_dtype(name):
+    """The result of a tall stack, computed as its transpose, is cast back into a contiguous tensor
+    (the apply then reads it coalesced); its values are the transposed computation's."""
+    x = torch.randn(3, 40, 12, generator=torch.Generator().manual_seed(7))
+    out = orthogonalize(x, name, 5, 1e-7, torch.bfloat16)
+    assert out.dtype == torch.float32 and out.is_contiguous()
+    same = orthogonalize(x, name, 5, 1e-7, torch.float32)  # no cast: returned as computed
+    assert same.dtype == torch.float32
+
+
+def test_one_gpt2_like_step_launches_few_kernels():
+    """Kernels of one step on GPT-2 small's 48 matrices (scaled down; CPU profiler): momentum and the
+    apply are foreach passes (not two and one per parameter), the normaliser's divide and cast one
+    pass, no identity matrix formed. Before issue 13's pass cuts: 274 (Gram NS) and 232 (Polar Express)."""
+    counts = {}
+    for name in ("gram_newton_schulz", "polar_express"):
+        params = gpu_step.make_params(gpu_step.SETS["gpt2_small"](0.02), torch.device("cpu"))
+        kernels, _ = step_kernels.count(Muon(params, flatten=True, orthogonalizer=name,
+                                             compute_dtype=torch.bfloat16))
+        counts[name] = kernels
+        assert kernels["aten::add_"] + kernels["aten::mul_"] <= 12, kernels  # diagonal adds only
+        assert kernels["aten::eye"] == 0 and kernels["aten::_foreach_add_"] >= 1, kernels
+    assert sum(counts["gram_newton_schulz"].values()) <= 130, counts
+    assert sum(counts["polar_express"].values()) <= 100, counts
