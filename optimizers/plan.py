@@ -107,7 +107,9 @@ def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | 
 
 def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: PlanGraphs | None = None) -> None:
     """Run every group's stages (optimizers/algorithms/base.py) as planned; with `graphs`, the
-    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py)."""
+    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py). The stock
+    `momentum_direction` and `decoupled_apply` stages run batched (`momentum_directions`,
+    `decoupled_apply_all`: torch._foreach_* passes, the per-parameter bits); replaced stages run as given."""
     for index, plan in enumerate(plans):
         algorithm, group = plan.algorithm, plan.group
         if algorithm.elementwise:
