@@ -24,12 +24,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from optimizers import distributed, state as param_state, tensor_parallel
 from optimizers.algorithms import Algorithm
 from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
-from optimizers.algorithms.muon import momentum_direction, momentum_directions
-from optimizers.graphs import PlanGraphs, capturable as graph_eligible
+from optimizers.algorithms.base import select_all
+from optimizers.algorithms.muon import MOMENTUM, momentum_direction, momentum_directions, orthogonalize_group
+from optimizers.graphs import PlanGraphs, capturable as graph_eligible, stacked_block
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
 
@@ -118,6 +120,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 update = algorithm.direction(p.grad, entry, group)
                 algorithm.apply(distributed.local(p), update, entry, group, algorithm.lr_scale(tuple(p.shape), group))
             continue
+        for batch in plan.megabatches:
+            momentum_block(algorithm, batch, state)
         entries = [param_state.create(p, state[p], algorithm, group) for p in plan.params]
         if algorithm.direction is momentum_direction:  # the same bits, in a few foreach passes
             directions = dict(zip(plan.params, momentum_directions([p.grad for p in plan.params], entries, group)))
@@ -132,7 +136,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 updates = graphs.run((index, number), matrix_update, members,
                                      lambda stack: graph_eligible(algorithm, group, stack))
             else:
-                updates = matrix_update(torch.stack(members))
+                block = stacked_block(members) if reads_only(algorithm) else None
+                updates = matrix_update(torch.stack(members) if block is None else block)
             entries = [state[p] for p in batch.params]
             updates = algorithm.postprocess(updates, entries, group)
             scale = algorithm.lr_scale(batch.shape, group)
@@ -142,6 +147,27 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 continue
             for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
                 algorithm.apply(distributed.local(p), update, entry, group, scale)
+
+
+def momentum_block(algorithm: Algorithm, batch: Megabatch, state: dict[torch.Tensor, Any]) -> None:
+    """Create the momentum buffers of a single-process megabatch whose parameters have no state yet as
+    the rows of one zero block [N, *shape] (each buffer a view `block[i]`, the zeros `create` would
+    make), so that without Nesterov the stack of their directions is the block itself (`stacked_block`):
+    no copy. Only for `momentum_direction` and plain contiguous parameters; others are left to `create`."""
+    params = batch.params
+    if (batch.layout is not None or len(params) < 2 or algorithm.direction is not momentum_direction
+            or MOMENTUM not in algorithm.state or any(state[p] for p in params)
+            or any(isinstance(p, DTensor) or not p.is_contiguous() for p in params)):
+        return
+    block = torch.zeros((len(params),) + tuple(params[0].shape), dtype=params[0].dtype, device=params[0].device)
+    for p, row in zip(params, block.unbind(0)):
+        state[p][MOMENTUM.name] = row
+
+
+def reads_only(algorithm: Algorithm) -> bool:
+    """True when the algorithm's matrix stages only read their input stack (Muon's own: select_all and
+    orthogonalize_group), so it may be the live momentum block."""
+    return algorithm.select is select_all and algorithm.orthogonalize is orthogonalize_group
 
 
 def cache_key(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]) -> tuple[tuple, list]:

@@ -104,3 +104,53 @@ def test_one_gpt2_like_step_launches_few_kernels():
         assert kernels["aten::eye"] == 0 and kernels["aten::_foreach_add_"] >= 1, kernels
     assert sum(counts["gram_newton_schulz"].values()) <= 130, counts
     assert sum(counts["polar_express"].values()) <= 100, counts
+
+
+def _step_three(opt, params, seed=8):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("name", ["gram_newton_schulz", "polar_express"])
+def test_momentum_block_is_read_in_place_of_a_stack_with_the_same_bits(name, nesterov):
+    """A megabatch's fresh momentum buffers are rows of one block, which (without Nesterov) is the
+    stack itself: no copy, and the same parameters and buffers as separately created buffers give."""
+    shapes = [(12, 5)] * 3 + [(5, 12)] * 2 + [(7, 7)]
+    runs = []
+    for separate in (False, True):
+        g = torch.Generator().manual_seed(9)
+        params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+        opt = Muon(params, orthogonalizer=name, nesterov=nesterov, weight_decay=0.1)
+        if separate:
+            for p in params:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        _step_three(opt, params)
+        runs.append((params, opt))
+    (blocked, opt), (separate, opt_separate) = runs
+    bufs = [opt.state[p]["momentum_buffer"] for p in blocked]
+    assert bufs[0]._base is not None and all(b._base is bufs[0]._base for b in bufs[:3])
+    assert bufs[3]._base is bufs[4]._base is not bufs[0]._base and bufs[5]._base is None  # one alone: no block
+    for p, q in zip(blocked, separate):
+        assert torch.equal(p, q)
+        assert torch.equal(opt.state[p]["momentum_buffer"], opt_separate.state[q]["momentum_buffer"])
+
+
+def test_a_blocked_state_round_trips_through_a_checkpoint():
+    shapes = [(12, 5)] * 3
+    runs = []
+    for reload in (False, True):
+        g = torch.Generator().manual_seed(10)
+        params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+        opt = Muon(params, orthogonalizer="gram_newton_schulz")
+        _step_three(opt, params)
+        if reload:
+            saved = opt.state_dict()
+            opt = Muon(params, orthogonalizer="gram_newton_schulz")
+            opt.load_state_dict(saved)
+        _step_three(opt, params, seed=11)
+        runs.append(params)
+    assert all(torch.equal(p, q) for p, q in zip(*runs))
