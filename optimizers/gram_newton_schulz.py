@@ -144,8 +144,9 @@ def _rounded(a: float, dtype: torch.dtype) -> float:
 
 def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], scale: float, eps: float,
                        compute_dtype: torch.dtype, restarts: Sequence[int] = RESTARTS,
-                       stats: GramStats | None = None) -> torch.Tensor:
-    """orth(x) for a stack x [B, m, n] by Gram Newton–Schulz in `compute_dtype`, returned in x's dtype.
+                       stats: GramStats | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """orth(x) for a stack x [B, m, n] by Gram Newton–Schulz in `compute_dtype`, returned in `out_dtype`
+    (default x's dtype).
 
     `coefficients`: one (a, b, c) per step; `scale`, `eps`: the normaliser scale ||X||_F + eps;
     `restarts`: steps before which X and R are re-formed (0 and indices past the schedule do nothing).
@@ -167,7 +168,7 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
         if _DEFERRED:
             _DEFERRED[-1].flags.append(bad.any())
             _DEFERRED[-1].matrices += out.size(0)
-            return as_dtype(out.mT if tall else out, x.dtype)
+            return as_dtype(out.mT if tall else out, out_dtype or x.dtype)
         if stats is not None:
             stats.gram += out.size(0)
         if bool(bad.any()):
@@ -175,7 +176,7 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
             out[bad] = standard_steps(wide[bad], coefficients)
             if stats is not None:
                 stats.fallbacks += int(bad.sum())
-    return as_dtype(out.mT if tall else out, x.dtype)
+    return as_dtype(out.mT if tall else out, out_dtype or x.dtype)
 
 
 def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -29,8 +29,10 @@ from torch.distributed.tensor import DTensor
 from optimizers import distributed, state as param_state, tensor_parallel
 from optimizers.algorithms import Algorithm
 from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
-from optimizers.algorithms.base import select_all
-from optimizers.algorithms.muon import MOMENTUM, momentum_direction, momentum_directions, orthogonalize_group
+from optimizers.algorithms.base import FOREACH_DTYPES, no_postprocess, select_all
+from optimizers.algorithms.muon import (MOMENTUM, default_compute_dtype, momentum_direction, momentum_directions,
+                                        orthogonalize_group)
+from optimizers.matrix_view import as_matrices
 from optimizers.graphs import PlanGraphs, capturable as graph_eligible, stacked_block
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
@@ -137,7 +139,15 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                                      lambda stack: graph_eligible(algorithm, group, stack))
             else:
                 block = stacked_block(members) if reads_only(algorithm) else None
-                updates = matrix_update(torch.stack(members) if block is None else block)
+                stack = torch.stack(members) if block is None else block
+                direct = direct_dtype(algorithm, group, stack)
+                if direct is not None:  # the compute-dtype result, applied as it is (direct_dtype)
+                    updates = orthogonalize_group(as_matrices(stack, group["flatten"]), group, direct)
+                    scale = algorithm.lr_scale(batch.shape, group)
+                    for p, update in zip(batch.params, updates.reshape(stack.shape).unbind(0)):
+                        decoupled_apply(distributed.local(p), update, {}, group, scale)
+                    continue
+                updates = matrix_update(stack)
             entries = [state[p] for p in batch.params]
             updates = algorithm.postprocess(updates, entries, group)
             scale = algorithm.lr_scale(batch.shape, group)
@@ -162,6 +172,27 @@ def momentum_block(algorithm: Algorithm, batch: Megabatch, state: dict[torch.Ten
     block = torch.zeros((len(params),) + tuple(params[0].shape), dtype=params[0].dtype, device=params[0].device)
     for p, row in zip(params, block.unbind(0)):
         state[p][MOMENTUM.name] = row
+
+
+DIRECT_APPLY_NUMEL = 1 << 22
+"""Parameters of at least this many elements apply a half-precision result directly (`direct_dtype`)."""
+
+
+def direct_dtype(algorithm: Algorithm, group: dict[str, Any], stack: torch.Tensor) -> torch.dtype | None:
+    """The compute dtype when Muon's own stages (read-only matrix stages, no postprocess, the decoupled
+    apply) may apply the orthogonalized result in it, without casting it back first: bf16/fp16 results of
+    fp32/fp64 parameters of at least DIRECT_APPLY_NUMEL elements, whose matrices are not tall (a tall
+    result is a transposed view, which the cast makes contiguous). The apply's mixed-dtype add widens each
+    value exactly, as the cast did: the same bits, one pass (a read and a write of the whole stack) fewer;
+    one add per parameter, which at this size costs no more than a foreach pass. Else None."""
+    if (not reads_only(algorithm) or algorithm.postprocess is not no_postprocess
+            or algorithm.apply is not decoupled_apply or group["num_heads"] is not None
+            or group["orthogonalizer"] == "svd"  # computed in fp32/fp64 whatever the compute dtype
+            or stack.dtype not in FOREACH_DTYPES or stack[0].numel() < DIRECT_APPLY_NUMEL):
+        return None
+    compute = group["compute_dtype"] or default_compute_dtype(stack.device)
+    rows, cols = as_matrices(stack[:1], group["flatten"]).shape[-2:]
+    return compute if compute in (torch.bfloat16, torch.float16) and rows <= cols else None
 
 
 def reads_only(algorithm: Algorithm) -> bool:

@@ -154,3 +154,34 @@ def test_a_blocked_state_round_trips_through_a_checkpoint():
         _step_three(opt, params, seed=11)
         runs.append(params)
     assert all(torch.equal(p, q) for p, q in zip(*runs))
+
+
+@pytest.mark.parametrize("name", ["gram_newton_schulz", "polar_express", "svd"])
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16])
+def test_a_large_wide_result_is_applied_in_the_compute_dtype_with_the_same_bits(monkeypatch, name, compute):
+    """Parameters of DIRECT_APPLY_NUMEL elements or more (lowered here) apply a bf16/fp16 result without
+    casting it back first, wide and square matrices only: the same parameters and buffers as the cast."""
+    from optimizers import plan
+
+    shapes = [(5, 12)] * 3 + [(7, 7)] * 2 + [(12, 5)] * 2 + [(4, 3, 2, 2)] * 2
+    runs = []
+    for threshold in (1 << 62, 1):
+        monkeypatch.setattr(plan, "DIRECT_APPLY_NUMEL", threshold)
+        g = torch.Generator().manual_seed(12)
+        params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+        opt = Muon(params, orthogonalizer=name, compute_dtype=compute, weight_decay=0.1, flatten=True)
+        _step_three(opt, params)
+        runs.append((params, opt))
+    (cast, _), (direct, _) = runs
+    assert all(torch.equal(p, q) for p, q in zip(cast, direct))
+    example = torch.zeros(2, 5, 12)
+    group = {**runs[1][1].param_groups[0], "orthogonalizer": "gram_newton_schulz"}
+    assert plan.direct_dtype(MUON_RECORD, group, example) == compute
+    assert plan.direct_dtype(MUON_RECORD, group, example.mT.contiguous()) is None  # tall: cast back
+    assert plan.direct_dtype(MUON_RECORD, group, example.double()) == compute
+    assert plan.direct_dtype(MUON_RECORD, {**group, "compute_dtype": torch.float32}, example) is None
+    assert plan.direct_dtype(NORMUON_RECORD, group, example) is None  # a postprocess reads the result
+    assert plan.direct_dtype(MUON_RECORD, {**group, "orthogonalizer": "svd"}, example) is None  # svd: fp32 result
+
+
+from optimizers.algorithms import MUON as MUON_RECORD, NORMUON as NORMUON_RECORD  # noqa: E402

@@ -95,12 +95,12 @@ def momentum_directions(grads: list[torch.Tensor], states: list[State], group: G
     return torch._foreach_add(gs, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
 
 
-def orthogonalize_group(mats: torch.Tensor, group: Group) -> torch.Tensor:
+def orthogonalize_group(mats: torch.Tensor, group: Group, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """orth of every matrix of `mats` [B, m, n] with the group's orthogonalizer, steps, eps and
-    compute dtype, returned in `mats`' dtype."""
+    compute dtype, returned in `out_dtype` (default `mats`' dtype)."""
     compute = group["compute_dtype"] or default_compute_dtype(mats.device)
     return orthogonalize(mats, group["orthogonalizer"], group["ns_steps"] or DEFAULT_STEPS, group["eps"], compute,
-                         group["ns_coefficients"], tuple(group["gram_restarts"]))
+                         group["ns_coefficients"], tuple(group["gram_restarts"]), out_dtype)
 
 
 def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
