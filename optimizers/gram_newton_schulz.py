@@ -23,6 +23,7 @@ requested compute dtype; `GramStats` counts those.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -112,7 +113,12 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
     wide = torch.promote_types(x.dtype, torch.float32)
     x = x.to(wide)
     norm = torch.linalg.matrix_norm(x, ord="fro", keepdim=True)
-    return (x / (norm * scale + eps)).to(compute_dtype)
+    denominator = norm * scale + eps
+    if compute_dtype == wide:
+        return x / denominator
+    # one pass: the quotient is formed in `wide` and rounded to `compute_dtype` as it is written (the bits
+    # of dividing, then casting), in x's memory layout, as the two passes wrote it
+    return torch.div(x, denominator, out=torch.empty_like(x, dtype=compute_dtype))
 
 
 def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients]) -> torch.Tensor:
@@ -130,7 +136,6 @@ def gram_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], restarts: 
 
     R, Z, Q and the products updating them are polynomials in one symmetric matrix (they commute), so
     each is symmetric and formed by its lower block triangle (optimizers/symmetric.py)."""
-    eye = torch.eye(x.size(-2), dtype=x.dtype, device=x.device).expand(x.size(0), -1, -1)
     r = symmetric_bmm(x, x.mT)
     q: torch.Tensor | None = None
     last = len(coefficients) - 1
@@ -140,18 +145,32 @@ def gram_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], restarts: 
             r = symmetric_bmm(x, x.mT)
             q = None
         z = symmetric_baddbmm(r, r, r, beta=b, alpha=c)
-        q = z + a * eye if q is None else symmetric_baddbmm(q, q, z, beta=a)
+        q = plus_identity(z, a) if q is None else symmetric_baddbmm(q, q, z, beta=a)
         if i < last and i + 1 not in restarts:
             rz = symmetric_baddbmm(r, z, r, beta=a)
             r = symmetric_baddbmm(rz, z, rz, beta=a)
     return x if q is None else q @ x
 
 
+def plus_identity(z: torch.Tensor, a: float) -> torch.Tensor:
+    """z + a I for a stack z [B, m, m], as `z + a * torch.eye(m)` rounds it (a rounded to z's dtype through
+    the fp32 arithmetic of half types first), by a copy and a diagonal add: no identity matrix formed."""
+    out = z.clone(memory_format=torch.contiguous_format)
+    out.diagonal(dim1=-2, dim2=-1).add_(_rounded(a, z.dtype))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _rounded(a: float, dtype: torch.dtype) -> float:
+    """a rounded to `dtype` as a tensor-by-scalar product of that dtype rounds it (half types through fp32)."""
+    return torch.tensor(a, dtype=torch.promote_types(dtype, torch.float32)).to(dtype).item()
+
+
 def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], scale: float, eps: float,
                        compute_dtype: torch.dtype, restarts: Sequence[int] = RESTARTS,
-                       stats: GramStats | None = None) -> torch.Tensor:
+                       stats: GramStats | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """orth(x) for a stack x [B, m, n] by Gram Newton–Schulz in `compute_dtype` (the iteration itself in
-    `iteration_dtype(compute_dtype)`), returned in x's dtype.
+    `iteration_dtype(compute_dtype)`), returned in `out_dtype` (default x's dtype).
 
     `coefficients`: one (a, b, c) per step; `scale`, `eps`: the normaliser scale ||X||_F + eps;
     `restarts`: steps before which X and R are re-formed (0 and indices past the schedule do nothing).
@@ -168,11 +187,12 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
     else:
         out = gram_steps(normalised(oriented, scale, eps, iteration_dtype(compute_dtype)), coefficients, restarts)
         norms = torch.linalg.vector_norm(out, dim=(-2, -1), dtype=torch.promote_types(out.dtype, torch.float32))
-        bad = ~torch.isfinite(norms) | (norms > DIVERGED * m**0.5)
+        # not (finite and <= the bound), in one comparison: NaN compares false, +inf exceeds the bound
+        bad = norms.le(DIVERGED * m**0.5).logical_not_()
         if _DEFERRED:
             _DEFERRED[-1].flags.append(bad.any())
             _DEFERRED[-1].matrices += out.size(0)
-            return (out.mT if tall else out).to(x.dtype)
+            return as_dtype(out.mT if tall else out, out_dtype or x.dtype)
         if stats is not None:
             stats.gram += out.size(0)
         if bool(bad.any()):
@@ -180,4 +200,11 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
             out[bad] = standard_steps(normalised(oriented[bad], scale, eps, compute_dtype), coefficients).to(out.dtype)
             if stats is not None:
                 stats.fallbacks += int(bad.sum())
-    return (out.mT if tall else out).to(x.dtype)
+    return as_dtype(out.mT if tall else out, out_dtype or x.dtype)
+
+
+def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`: as it is when it has it, else cast into a contiguous tensor (a tall matrix's result,
+    computed as its transpose, comes back row-major as its parameter lies, in the same one pass, so the
+    update is applied with coalesced reads)."""
+    return t if t.dtype == dtype else t.to(dtype, memory_format=torch.contiguous_format)

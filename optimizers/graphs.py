@@ -4,7 +4,9 @@ A polynomial orthogonalization of one megabatch is ~30 kernel launches (normalis
 X Xᵀ, bA + cA², and the product with X); on sets of many small matrices (GPT-2 small, ConvNeXt) a
 step is bound by the host issuing them, not by the GPU. A CUDA graph captures one megabatch's whole
 matrix update once and replays it as one launch, reading a fixed input buffer (the stacked
-directions are written into it) and writing a fixed output buffer (read by the step's apply
+directions are written into it; or, when the directions are the rows of one momentum block
+(optimizers/plan.py's momentum_block, Muon without Nesterov), the block itself, read where it lies)
+and writing a fixed output buffer (read by the step's apply
 before the next replay, which comes only in the next step, on the same stream).
 
 Captured: a megabatch in one process (no exchange) on CUDA, of an algorithm whose matrix stages are
@@ -59,14 +61,28 @@ def captures(algorithm: Algorithm, group: dict, numel: int) -> bool:
             and group["orthogonalizer"] in CAPTURED and 0 < numel <= MAX_NUMEL)
 
 
+def stacked_block(members: list[torch.Tensor]) -> torch.Tensor | None:
+    """The block [N, *shape] whose rows 0..N-1 are `members`, in order (views made by `momentum_block`),
+    or None (then the members are stacked)."""
+    block = members[0]._base
+    if block is None or not block.is_contiguous() or tuple(block.shape) != (len(members),) + tuple(members[0].shape):
+        return None
+    step = members[0].numel() * members[0].element_size()
+    for i, m in enumerate(members):
+        if m._base is not block or m.data_ptr() != block.data_ptr() + i * step or not m.is_contiguous():
+            return None
+    return block
+
+
 class Graphed:
     """`update` captured for stacks of one shape, dtype and device: `run(directions)` stacks them into
     the input buffer, replays, and returns the output buffer (valid until the next replay), or None when
     a Gram result of the replay diverged (the caller then recomputes the update eagerly)."""
 
     def __init__(self, update: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor,
-                 pool: tuple) -> None:
-        self.input = example.clone()
+                 pool: tuple, static: bool = False) -> None:
+        self.static = static  # `example` is the live momentum block (stacked_block): read where it lies
+        self.input = example if static else example.clone()
         self.replays = 0
         self.checks = self._capture(update, pool)
 
@@ -87,7 +103,8 @@ class Graphed:
         self.graph.replay()
 
     def run(self, directions: list[torch.Tensor]) -> torch.Tensor | None:
-        torch.stack(directions, out=self.input)
+        if not self.static:
+            torch.stack(directions, out=self.input)
         self._replay()
         self.replays += 1
         if self.checks.diverged():
@@ -110,10 +127,15 @@ class PlanGraphs:
             directions: list[torch.Tensor], eligible: Callable[[torch.Tensor], bool]) -> torch.Tensor:
         """The megabatch's update of `directions`: replayed, captured now, or eager."""
         graphed = self.graphs.get(key, False)
+        block = stacked_block(directions)
+        if block is not None and not eligible(block):  # only Muon's read-only stages may see the live block
+            block = None
+        if graphed and graphed.static and block is not graphed.input:  # not the captured block: eager
+            return update(torch.stack(directions))
         if graphed:
             out = graphed.run(directions)
             return update(graphed.input) if out is None else out
-        stack = torch.stack(directions)
+        stack = torch.stack(directions) if block is None else block
         if graphed is None or not self.armed:
             return update(stack)
         if not eligible(stack):
@@ -122,7 +144,7 @@ class PlanGraphs:
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            graphed = Graphed(update, stack, self.pool)
+            graphed = Graphed(update, stack, self.pool, static=block is not None)
         except Exception as exc:  # noqa: BLE001 - an uncapturable update stays eager; the step goes on
             self.graphs[key], self.pool = None, None  # later captures take a fresh pool
             self.failures.append(f"megabatch {key}: {type(exc).__name__}: {exc}")

@@ -42,11 +42,13 @@ def polar_via_svd(x: torch.Tensor) -> torch.Tensor:
 
 
 def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype: torch.dtype,
-                  coefficients: str | None = None, restarts: Sequence[int] = gram.RESTARTS) -> torch.Tensor:
-    """orth(x) for a stack x [B, m, n], computed in `compute_dtype`, returned in x's dtype.
+                  coefficients: str | None = None, restarts: Sequence[int] = gram.RESTARTS,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """orth(x) for a stack x [B, m, n], computed in `compute_dtype`, returned in `out_dtype` (default x's).
 
     `coefficients` and `restarts` apply to "gram_newton_schulz" only: its schedule (SCHEDULES) and the
     steps before which it re-forms X and R; divergences it recomputes are counted in gram.STATS."""
+    out_dtype = out_dtype or x.dtype
     if name not in ORTHOGONALIZERS:
         raise ValueError(f"unknown orthogonalizer {name!r}; expected one of {ORTHOGONALIZERS}")
     if x.ndim != 3:
@@ -54,8 +56,8 @@ def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dt
     if name == "gram_newton_schulz":
         coefficients = coefficients or SCHEDULES[0]
         return gram.gram_newton_schulz(x, schedule(coefficients, steps), normaliser_scale(coefficients), eps,
-                                       compute_dtype, restarts, gram.STATS)
+                                       compute_dtype, restarts, gram.STATS, out_dtype)
     if name == "svd":
         svd_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
-        return polar_via_svd(x.to(svd_dtype)).to(x.dtype)
-    return polynomial(x.to(compute_dtype), name, steps, eps).to(x.dtype)
+        return gram.as_dtype(polar_via_svd(x.to(svd_dtype)), out_dtype)
+    return gram.as_dtype(polynomial(x.to(compute_dtype), name, steps, eps), out_dtype)

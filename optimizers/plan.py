@@ -24,10 +24,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from optimizers import distributed, state as param_state, tensor_parallel
 from optimizers.algorithms import Algorithm
-from optimizers.graphs import PlanGraphs, capturable as graph_eligible
+from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
+from optimizers.algorithms.base import FOREACH_DTYPES, no_postprocess, select_all
+from optimizers.algorithms.muon import (MOMENTUM, default_compute_dtype, momentum_direction, momentum_directions,
+                                        orthogonalize_group)
+from optimizers.matrix_view import as_matrices
+from optimizers.graphs import PlanGraphs, capturable as graph_eligible, stacked_block
+from optimizers.gram_newton_schulz import iteration_dtype
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
 
@@ -105,7 +112,9 @@ def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | 
 
 def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: PlanGraphs | None = None) -> None:
     """Run every group's stages (optimizers/algorithms/base.py) as planned; with `graphs`, the
-    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py)."""
+    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py). The stock
+    `momentum_direction` and `decoupled_apply` stages run batched (`momentum_directions`,
+    `decoupled_apply_all`: torch._foreach_* passes, the per-parameter bits); replaced stages run as given."""
     for index, plan in enumerate(plans):
         algorithm, group = plan.algorithm, plan.group
         if algorithm.elementwise:
@@ -114,9 +123,13 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 update = algorithm.direction(p.grad, entry, group)
                 algorithm.apply(distributed.local(p), update, entry, group, algorithm.lr_scale(tuple(p.shape), group))
             continue
-        directions = {}
-        for p in plan.params:
-            directions[p] = algorithm.direction(p.grad, param_state.create(p, state[p], algorithm, group), group)
+        for batch in plan.megabatches:
+            momentum_block(algorithm, batch, state)
+        entries = [param_state.create(p, state[p], algorithm, group) for p in plan.params]
+        if algorithm.direction is momentum_direction:  # the same bits, in a few foreach passes
+            directions = dict(zip(plan.params, momentum_directions([p.grad for p in plan.params], entries, group)))
+        else:
+            directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in zip(plan.params, entries)}
         for number, batch in enumerate(plan.megabatches):
             matrix_update = algorithm.matrix_update(group, batch.shape)
             members = [directions[p] for p in batch.params]
@@ -126,12 +139,70 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 updates = graphs.run((index, number), matrix_update, members,
                                      lambda stack: graph_eligible(algorithm, group, stack))
             else:
-                updates = matrix_update(torch.stack(members))
+                block = stacked_block(members) if reads_only(algorithm) else None
+                stack = torch.stack(members) if block is None else block
+                direct = direct_dtype(algorithm, group, stack)
+                if direct is not None:  # the compute-dtype result, applied as it is (direct_dtype)
+                    updates = orthogonalize_group(as_matrices(stack, group["flatten"]), group, direct)
+                    scale = algorithm.lr_scale(batch.shape, group)
+                    for p, update in zip(batch.params, updates.reshape(stack.shape).unbind(0)):
+                        decoupled_apply(distributed.local(p), update, {}, group, scale)
+                    continue
+                updates = matrix_update(stack)
             entries = [state[p] for p in batch.params]
             updates = algorithm.postprocess(updates, entries, group)
             scale = algorithm.lr_scale(batch.shape, group)
+            if algorithm.apply is decoupled_apply:  # the same bits, in one or two foreach passes
+                decoupled_apply_all([distributed.local(p) for p in batch.params], list(updates.unbind(0)), group,
+                                    scale)
+                continue
             for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
                 algorithm.apply(distributed.local(p), update, entry, group, scale)
+
+
+def momentum_block(algorithm: Algorithm, batch: Megabatch, state: dict[torch.Tensor, Any]) -> None:
+    """Create the momentum buffers of a single-process megabatch whose parameters have no state yet as
+    the rows of one zero block [N, *shape] (each buffer a view `block[i]`, the zeros `create` would
+    make), so that without Nesterov the stack of their directions is the block itself (`stacked_block`):
+    no copy. Only for `momentum_direction` and plain contiguous parameters; others are left to `create`."""
+    params = batch.params
+    if (batch.layout is not None or len(params) < 2 or algorithm.direction is not momentum_direction
+            or MOMENTUM not in algorithm.state or any(state[p] for p in params)
+            or any(isinstance(p, DTensor) or not p.is_contiguous() for p in params)):
+        return
+    block = torch.zeros((len(params),) + tuple(params[0].shape), dtype=params[0].dtype, device=params[0].device)
+    for p, row in zip(params, block.unbind(0)):
+        state[p][MOMENTUM.name] = row
+
+
+DIRECT_APPLY_NUMEL = 1 << 22
+"""Parameters of at least this many elements apply a half-precision result directly (`direct_dtype`)."""
+
+
+def direct_dtype(algorithm: Algorithm, group: dict[str, Any], stack: torch.Tensor) -> torch.dtype | None:
+    """The compute dtype when Muon's own stages (read-only matrix stages, no postprocess, the decoupled
+    apply) may apply the orthogonalized result in it, without casting it back first: bf16/fp16 results of
+    fp32/fp64 parameters of at least DIRECT_APPLY_NUMEL elements, whose matrices are not tall (a tall
+    result is a transposed view, which the cast makes contiguous). The apply's mixed-dtype add widens each
+    value exactly, as the cast did: the same bits, one pass (a read and a write of the whole stack) fewer;
+    one add per parameter, which at this size costs no more than a foreach pass. Else None (also for Gram
+    Newton–Schulz iterating a bf16 request in fp16, gram_newton_schulz.iteration_dtype)."""
+    if (not reads_only(algorithm) or algorithm.postprocess is not no_postprocess
+            or algorithm.apply is not decoupled_apply or group["num_heads"] is not None
+            or group["orthogonalizer"] == "svd"  # computed in fp32/fp64 whatever the compute dtype
+            or stack.dtype not in FOREACH_DTYPES or stack[0].numel() < DIRECT_APPLY_NUMEL):
+        return None
+    compute = group["compute_dtype"] or default_compute_dtype(stack.device)
+    if group["orthogonalizer"] == "gram_newton_schulz" and iteration_dtype(compute) != compute:
+        return None  # its result's dtype depends on the shape and on a fallback (bf16 iterates in fp16)
+    rows, cols = as_matrices(stack[:1], group["flatten"]).shape[-2:]
+    return compute if compute in (torch.bfloat16, torch.float16) and rows <= cols else None
+
+
+def reads_only(algorithm: Algorithm) -> bool:
+    """True when the algorithm's matrix stages only read their input stack (Muon's own: select_all and
+    orthogonalize_group), so it may be the live momentum block."""
+    return algorithm.select is select_all and algorithm.orthogonalize is orthogonalize_group
 
 
 def cache_key(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]) -> tuple[tuple, list]:

@@ -152,3 +152,31 @@ def test_cuda_graphs_must_be_a_bool():
     p = torch.nn.Parameter(torch.zeros(3, 3))
     with pytest.raises(TypeError, match=r"Muon\(cuda_graphs=...\) must be a bool"):
         Muon([p], cuda_graphs="yes")
+
+
+def test_a_megabatch_of_fresh_momentum_buffers_is_captured_reading_their_block(fake_cuda):
+    """Without Nesterov the directions of a megabatch whose momentum buffers are one block (the rows
+    created together, plan.momentum_block) are that block: the graph reads it where it lies, no copy."""
+    opt, ps = make(cuda_graphs=True)
+    for step in range(4):
+        opt.step()
+        regrad(ps, step)
+    pair = opt._cached.graphs.graphs[(0, 0)]
+    assert pair.static and pair.input is opt.state[ps[0]]["momentum_buffer"]._base
+    assert not opt._cached.graphs.graphs[(0, 1)].static  # one member: its own buffer, copied into the input
+
+
+def test_a_variant_that_writes_its_input_never_sees_the_live_block(fake_cuda):
+    """A replaced orthogonalize stage is not captured and gets a fresh stack: its in-place writes
+    cannot reach the momentum buffers."""
+    import dataclasses
+
+    def scribble(mats, group):
+        return mats.mul_(0.0).add_(1.0)
+
+    variant = dataclasses.replace(MUON, orthogonalize=scribble)
+    opt, ps = make(cuda_graphs=True, algorithm=variant, momentum=0.5)
+    for _ in range(3):
+        opt.step()
+    assert all(opt.state[p]["momentum_buffer"].abs().max() > 0.01 for p in ps)
+    assert all(not opt.state[p]["momentum_buffer"].eq(1.0).all() for p in ps)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from optimizers.algorithms.base import Algorithm, Group, State, StateKey, parameter_shape
+from optimizers.algorithms.base import Algorithm, Group, State, StateKey, foreach_exact, parameter_shape
 from optimizers.coefficients import DEFAULT_STEPS
 from optimizers.distributed import local
 from optimizers.matrix_view import ADJUST_LR, lr_scale
@@ -81,12 +81,26 @@ def momentum_direction(grad: torch.Tensor, state: State, group: Group) -> torch.
     return g.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
 
 
-def orthogonalize_group(mats: torch.Tensor, group: Group) -> torch.Tensor:
+def momentum_directions(grads: list[torch.Tensor], states: list[State], group: Group) -> list[torch.Tensor]:
+    """`momentum_direction` of many parameters at once, with the same bits: each elementwise pass is one
+    torch._foreach_* call over all of them (a few kernel launches on CUDA instead of two per parameter);
+    with a half-type parameter among them, one by one (base.FOREACH_DTYPES)."""
+    if not grads:
+        return []
+    gs, bufs = [local(g) for g in grads], [local(s["momentum_buffer"]) for s in states]
+    if not foreach_exact(gs, bufs):  # half types one by one (base.FOREACH_DTYPES)
+        return [momentum_direction(g, s, group) for g, s in zip(grads, states)]
+    torch._foreach_mul_(bufs, group["momentum"])
+    torch._foreach_add_(bufs, gs)
+    return torch._foreach_add(gs, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
+
+
+def orthogonalize_group(mats: torch.Tensor, group: Group, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """orth of every matrix of `mats` [B, m, n] with the group's orthogonalizer, steps, eps and
-    compute dtype, returned in `mats`' dtype."""
+    compute dtype, returned in `out_dtype` (default `mats`' dtype)."""
     compute = group["compute_dtype"] or default_compute_dtype(mats.device)
     return orthogonalize(mats, group["orthogonalizer"], group["ns_steps"] or DEFAULT_STEPS, group["eps"], compute,
-                         group["ns_coefficients"], tuple(group["gram_restarts"]))
+                         group["ns_coefficients"], tuple(group["gram_restarts"]), out_dtype)
 
 
 def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
