@@ -312,9 +312,10 @@ def main() -> None:
     if missing:
         parser.error(f"--merge: no such file {missing}")
     start = time.perf_counter()
-    if args.device == "cuda" and not torch.cuda.is_available():
+    merging_only = args.tier == "none" and not args.drawn  # folds --merge files: no run, no device
+    if args.device == "cuda" and not torch.cuda.is_available() and not merging_only:
         sys.exit("--device cuda: no CUDA device visible")
-    device = backends.get(args.device).device()
+    device = backends.get(args.device).device() if not merging_only else torch.device("cpu")
     torch.set_num_threads(1)
     ci = set(map(single, tier("ci"))) if args.tier != "none" else set()
     chosen = [c for c in dict.fromkeys(map(single, tier(args.tier) if args.tier != "none" else []))
@@ -354,11 +355,16 @@ def main() -> None:
               f"{worst_id}")
     entries, commands, totals = merged(entries, args.merge, args.drop)
     seconds = time.perf_counter() - start
-    name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+    if merging_only and args.merge:  # the measuring machine's, not this one's
+        first = json.loads(args.merge[0].read_text())
+        where, version = first["device"], first["torch"]
+    else:
+        name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+        where, version = f"{args.device}: {name}", torch.__version__
     meta = {"command": " ; ".join(dict.fromkeys(
                 measuring_commands("python benchmarks/measure_tolerances.py " + shlex.join(sys.argv[1:])) + commands)),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "torch": torch.__version__, "device": f"{args.device}: {name}", "tier": args.tier,
+            "torch": version, "device": where, "tier": args.tier,
             "cases": len(cases) + int(totals["cases"]), "runs": ran + int(totals["runs"]),
             "ill_posed_not_counted": ill_posed + int(totals["ill_posed_not_counted"]),
             "seconds": round(seconds + totals["seconds"], 1), "entries": entries}
