@@ -228,12 +228,16 @@ def storage_rounding(x_ref: np.ndarray, case: Case, conv: Conventions) -> np.nda
 
 
 def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory,
-               spectrum: bool = True) -> dict[str, float]:
+               spectrum: bool = True, resolved_as: Case | None = None) -> dict[str, float]:
     """norm, decay (and, with `spectrum`, sv_mean, sv_spread for Muon, row_spread for NorMuon) over
-    every step and member of one run."""
+    every step and member of one run. `resolved_as` (default `case`): the case whose rounding decides
+    which singular pairs the spectrum counts (the selftest's fp64 twin of a bf16 case counts those the
+    bf16 case resolves, not the ones only fp64 resolves)."""
     conv = target.conventions(case)
+    resolved_as = resolved_as or case
+    resolution = target.conventions(resolved_as)
     norm, decay, logs, rows = [], [], [], []
-    u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
+    u = tolerance.unit_roundoff(max((resolved_as.param_dtype, resolution.compute_dtype), key=tolerance.unit_roundoff))
     steps = base.reference_steps(case, target, inputs.params, inputs.grads, traj)
     for (_, x_prev, x_new, x_ref), direction in zip(steps, _directions(case, conv, inputs)):
         step, ref = x_new - x_prev, x_ref - x_prev
@@ -248,7 +252,7 @@ def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory
         if spectrum and "sv_mean" in extra_statistics(case.optimizer):
             judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
             wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
-            logs.extend(spectrum_logs(judged, wanted, direction, u, storage_rounding(x_ref, case, conv)))
+            logs.extend(spectrum_logs(judged, wanted, direction, u, storage_rounding(x_ref, resolved_as, resolution)))
         if spectrum and "row_spread" in extra_statistics(case.optimizer):
             judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
             wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)

@@ -237,7 +237,7 @@ def visibility(target: Target, ours: Target, case: Case) -> list[Visibility]:
         out.append(Visibility(name, effect, _relative_allowed(theirs), _finite(noise.metrics.rel_err)))
     if statistic_checks:
         judged = {s for c in statistic_checks for s in robust_checks.STATISTIC_CHECKS[c]}
-        exact = robust_checks.statistics(twin, target, twin_inputs, twin_traj)
+        exact = robust_checks.statistics(twin, target, twin_inputs, twin_traj, resolved_as=case)
         noise = robust_checks.statistics(case, ours, inputs, mine)
         measured = robust_checks.measured_noise(case, compute) or {}
         for stat in sorted(judged & set(measured) & set(exact)):
