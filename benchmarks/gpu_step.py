@@ -21,7 +21,8 @@ Bounded, so that one call of a few minutes yields the whole table:
 Lever rows: "ours (X)" runs with every lever but CUDA graphs; "ours (X, cuda graphs)" adds
 `Muon(cuda_graphs=True)` (lever 3, optimizers/graphs.py); "ours (X, triton symmetric)" computes the
 split symmetric products by the Triton kernel of optimizers/symmetric_triton.py (its cell notes how
-many products it took; without triton the row says so); "lever 2 off" runs the same orthogonalizer
+many products it took; without triton the row says so); "+ elementwise" / "+ triton elementwise" adds the
+fused momentum and apply kernels of optimizers/elementwise_triton.py (elementwise.TRITON); "lever 2 off" runs the same orthogonalizer
 with plain products instead of symmetric products by halves (optimizers/symmetric.py); "ours
 (polar_express), lever 2 off" is the step as it was before the levers; "ours (gram_newton_schulz)"
 against "ours (polar_express)" is lever 1 (Gram NS on the rectangular matrices). Lever 4 (the cached,
@@ -60,7 +61,7 @@ from dataclasses import dataclass, field
 import torch
 
 import optimizers
-from optimizers import gram_newton_schulz as gram, symmetric
+from optimizers import elementwise, gram_newton_schulz as gram, symmetric
 
 
 def gpt2_small(s: float) -> list[tuple[int, ...]]:
@@ -163,6 +164,18 @@ def _triton_products() -> Iterator[None]:
         symmetric.TRITON = saved
 
 
+@contextlib.contextmanager
+def _fused_elementwise(products: bool) -> Iterator[None]:
+    """Muon's momentum and apply by the fused Triton kernels (elementwise.TRITON), with the symmetric
+    products by the Triton kernel too when `products`."""
+    saved = elementwise.TRITON, symmetric.TRITON
+    elementwise.TRITON, symmetric.TRITON = True, products or symmetric.TRITON
+    try:
+        yield
+    finally:
+        elementwise.TRITON, symmetric.TRITON = saved
+
+
 @dataclass
 class Contender:
     """A row: `make(params)` builds the optimizer (None: cannot run, `reason` says why), inside `context`;
@@ -214,6 +227,14 @@ def contenders(has_convs: bool, extra_peers: bool) -> list[Contender]:
     kernel = symmetric.triton_kernel()
     out += [Contender(f"ours ({orth}, triton symmetric)", ours(orth) if kernel else None, False,
                       "" if kernel else "triton not installed", context=_triton_products)
+            for orth in ("polar_express", "gram_newton_schulz")]
+    fused = elementwise.triton_kernels()
+    out += [Contender(f"ours ({orth}, triton symmetric + elementwise)", ours(orth) if fused else None, False,
+                      "" if fused else "triton not installed", context=lambda: _fused_elementwise(True))
+            for orth in ("polar_express", "gram_newton_schulz")]
+    out += [Contender(f"ours ({orth}, cuda graphs + triton elementwise)",
+                      ours(orth, cuda_graphs=True) if fused else None, False,
+                      "" if fused else "triton not installed", context=lambda: _fused_elementwise(False))
             for orth in ("polar_express", "gram_newton_schulz")]
     out += [Contender(f"ours ({orth}), lever 2 off", ours(orth), False, context=_plain_products)
             for orth in ("polar_express", "gram_newton_schulz")]

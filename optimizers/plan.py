@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from optimizers import distributed, state as param_state, tensor_parallel
+from optimizers import distributed, elementwise, state as param_state, tensor_parallel
 from optimizers.algorithms import Algorithm
 from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
 from optimizers.algorithms.base import FOREACH_DTYPES, no_postprocess, select_all
@@ -141,23 +141,35 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             else:
                 block = stacked_block(members) if reads_only(algorithm) else None
                 stack = torch.stack(members) if block is None else block
-                direct = direct_dtype(algorithm, group, stack)
+                fused = elementwise.applies([distributed.local(p) for p in batch.params])
+                direct = direct_dtype(algorithm, group, stack, fused)
                 if direct is not None:  # the compute-dtype result, applied as it is (direct_dtype)
-                    updates = orthogonalize_group(as_matrices(stack, group["flatten"]), group, direct)
+                    matrices = orthogonalize_group(as_matrices(stack, group["flatten"]), group, direct)
                     scale = algorithm.lr_scale(batch.shape, group)
-                    for p, update in zip(batch.params, updates.reshape(stack.shape).unbind(0)):
-                        decoupled_apply(distributed.local(p), update, {}, group, scale)
+                    if not fused_apply(batch.params, matrices, group, scale):
+                        for p, update in zip(batch.params, matrices.reshape(stack.shape).unbind(0)):
+                            decoupled_apply(distributed.local(p), update, {}, group, scale)
                     continue
                 updates = matrix_update(stack)
             entries = [state[p] for p in batch.params]
             updates = algorithm.postprocess(updates, entries, group)
             scale = algorithm.lr_scale(batch.shape, group)
-            if algorithm.apply is decoupled_apply:  # the same bits, in one or two foreach passes
-                decoupled_apply_all([distributed.local(p) for p in batch.params], list(updates.unbind(0)), group,
-                                    scale)
+            if algorithm.apply is decoupled_apply:  # the same bits, in one or two foreach passes (or one fused)
+                matrices = updates.reshape(updates.size(0), updates.size(1), -1)
+                if not fused_apply(batch.params, matrices, group, scale):
+                    decoupled_apply_all([distributed.local(p) for p in batch.params], list(updates.unbind(0)),
+                                        group, scale)
                 continue
             for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
                 algorithm.apply(distributed.local(p), update, entry, group, scale)
+
+
+def fused_apply(params: tuple[torch.Tensor, ...], matrices: torch.Tensor, group: dict[str, Any], scale: float) -> bool:
+    """`decoupled_apply` of every parameter of a megabatch from its matrices [B, m, n] (the orthogonalized
+    matrix view, any strides) by optimizers.elementwise's fused kernel, where it runs (else False: nothing
+    done)."""
+    decay = 1.0 - group["lr"] * group["weight_decay"] if group["weight_decay"] else None
+    return elementwise.apply_([distributed.local(p) for p in params], matrices, decay, -group["lr"] * scale)
 
 
 def momentum_block(algorithm: Algorithm, batch: Megabatch, state: dict[torch.Tensor, Any]) -> None:
@@ -179,24 +191,34 @@ DIRECT_APPLY_NUMEL = 1 << 22
 """Parameters of at least this many elements apply a half-precision result directly (`direct_dtype`)."""
 
 
-def direct_dtype(algorithm: Algorithm, group: dict[str, Any], stack: torch.Tensor) -> torch.dtype | None:
+def direct_dtype(algorithm: Algorithm, group: dict[str, Any], stack: torch.Tensor, fused: bool = False
+                 ) -> torch.dtype | None:
     """The compute dtype when Muon's own stages (read-only matrix stages, no postprocess, the decoupled
     apply) may apply the orthogonalized result in it, without casting it back first: bf16/fp16 results of
-    fp32/fp64 parameters of at least DIRECT_APPLY_NUMEL elements, whose matrices are not tall (a tall
-    result is a transposed view, which the cast makes contiguous). The apply's mixed-dtype add widens each
-    value exactly, as the cast did: the same bits, one pass (a read and a write of the whole stack) fewer;
-    one add per parameter, which at this size costs no more than a foreach pass. Else None (also for Gram
-    Newton–Schulz iterating a bf16 request in fp16, gram_newton_schulz.iteration_dtype)."""
+    fp32/fp64 parameters. The apply widens each value exactly, as the cast did: the same bits, one pass (a
+    read and a write of the whole stack) fewer.
+
+    `fused`: the megabatch is applied by optimizers.elementwise's kernel, which reads the result's matrices
+    where they lie, of any size, tall ones (a transposed view) too; and a Gram Newton–Schulz request
+    iterating in another dtype (gram_newton_schulz.iteration_dtype: bf16 in fp16) is applied in that dtype
+    (square matrices, which take the standard iteration, in the compute dtype)
+    (the same bits, but for a divergence's fallback: its bf16 values below 2^-17 in magnitude round to
+    fp16's subnormal spacing). Else, one add per parameter, at least DIRECT_APPLY_NUMEL elements (at that
+    size it costs no more than a foreach pass), not tall (the cast makes a transposed result contiguous),
+    and not Gram iterating in another dtype (its result's dtype depends on the shape and on a fallback).
+    None where it does not apply."""
     if (not reads_only(algorithm) or algorithm.postprocess is not no_postprocess
             or algorithm.apply is not decoupled_apply or group["num_heads"] is not None
             or group["orthogonalizer"] == "svd"  # computed in fp32/fp64 whatever the compute dtype
-            or stack.dtype not in FOREACH_DTYPES or stack[0].numel() < DIRECT_APPLY_NUMEL):
+            or stack.dtype not in FOREACH_DTYPES or (not fused and stack[0].numel() < DIRECT_APPLY_NUMEL)):
         return None
     compute = group["compute_dtype"] or default_compute_dtype(stack.device)
-    if group["orthogonalizer"] == "gram_newton_schulz" and iteration_dtype(compute) != compute:
-        return None  # its result's dtype depends on the shape and on a fallback (bf16 iterates in fp16)
+    if compute not in (torch.bfloat16, torch.float16):
+        return None
     rows, cols = as_matrices(stack[:1], group["flatten"]).shape[-2:]
-    return compute if compute in (torch.bfloat16, torch.float16) and rows <= cols else None
+    if group["orthogonalizer"] == "gram_newton_schulz" and iteration_dtype(compute) != compute and rows != cols:
+        return iteration_dtype(compute) if fused else None  # (square matrices take the standard iteration)
+    return compute if fused or rows <= cols else None
 
 
 def reads_only(algorithm: Algorithm) -> bool:

@@ -1,6 +1,6 @@
 """Our optimizer with a GPU fast path switched on, so that the harness judges the fast path itself against
-the FP64 oracle (issue 13): `ours-triton` (optimizers.symmetric.TRITON: the Triton kernel for the symmetric
-products) and `ours-graphs` (Muon(cuda_graphs=True): each small megabatch's orthogonalization captured once per
+the FP64 oracle (issue 13): `ours-triton` (optimizers.symmetric.TRITON and optimizers.elementwise.TRITON: the
+Triton kernel for the symmetric products, and the fused momentum and apply kernels on fp32 parameters) and `ours-graphs` (Muon(cuda_graphs=True): each small megabatch's orthogonalization captured once per
 plan and replayed).
 
 Each declares ours' conventions and answers `unsupported` for every case its fast path cannot engage, with
@@ -29,7 +29,7 @@ import torch
 import optimizers
 from cases import Case, matrix_shape
 from harness.targets.ours import OursMuon
-from optimizers import graphs, symmetric
+from optimizers import elementwise, graphs, symmetric
 
 
 def _cuda() -> str | None:
@@ -40,12 +40,13 @@ def _cuda() -> str | None:
 
 
 class OursTriton(OursMuon):
-    """optimizers.Muon with optimizers.symmetric.TRITON on while it steps (restored after)."""
+    """optimizers.Muon with optimizers.symmetric.TRITON and optimizers.elementwise.TRITON on while it steps
+    (restored after)."""
 
     name = "ours-triton"
 
     def version(self) -> str:
-        return super().version() + ", symmetric.TRITON"
+        return super().version() + ", symmetric.TRITON, elementwise.TRITON"
 
     def unsupported(self, case: Case) -> str | None:
         if case.world_size > 1:
@@ -64,12 +65,12 @@ class OursTriton(OursMuon):
 
     def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
             case: Case) -> list[list[torch.Tensor]]:
-        before = symmetric.TRITON
-        symmetric.TRITON = True
+        before = symmetric.TRITON, elementwise.TRITON
+        symmetric.TRITON = elementwise.TRITON = True
         try:
             return super().run(params, grads, case)
         finally:
-            symmetric.TRITON = before
+            symmetric.TRITON, elementwise.TRITON = before
 
 
 class OursGraphs(OursMuon):

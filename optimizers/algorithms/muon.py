@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from optimizers import elementwise
 from optimizers.algorithms.base import Algorithm, Group, State, StateKey, foreach_exact, parameter_shape
 from optimizers.coefficients import DEFAULT_STEPS
 from optimizers.distributed import local
@@ -83,15 +84,17 @@ def momentum_direction(grad: torch.Tensor, state: State, group: Group) -> torch.
 
 def momentum_directions(grads: list[torch.Tensor], states: list[State], group: Group) -> list[torch.Tensor]:
     """`momentum_direction` of many parameters at once, with the same bits: each elementwise pass is one
-    torch._foreach_* call over all of them (a few kernel launches on CUDA instead of two per parameter);
-    with a half-type parameter among them, one by one (base.FOREACH_DTYPES)."""
+    torch._foreach_* call over all of them (a few kernel launches on CUDA instead of two per parameter), or
+    with optimizers.elementwise.TRITON the momentum in one fused launch; with a half-type parameter among
+    them, one by one (base.FOREACH_DTYPES)."""
     if not grads:
         return []
     gs, bufs = [local(g) for g in grads], [local(s["momentum_buffer"]) for s in states]
     if not foreach_exact(gs, bufs):  # half types one by one (base.FOREACH_DTYPES)
         return [momentum_direction(g, s, group) for g, s in zip(grads, states)]
-    torch._foreach_mul_(bufs, group["momentum"])
-    torch._foreach_add_(bufs, gs)
+    if not elementwise.momentum_(bufs, gs, group["momentum"]):  # the fused kernel's bits are these passes'
+        torch._foreach_mul_(bufs, group["momentum"])
+        torch._foreach_add_(bufs, gs)
     return torch._foreach_add(gs, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
 
 

@@ -1,0 +1,95 @@
+"""Triton kernels for Muon's two elementwise passes over fp32 parameters, each one launch for a whole group
+or megabatch (a table of the tensors' addresses, as torch._foreach_* does) and one read and write of each
+tensor:
+
+  momentum   M <- mu M + G                      (M, G fp32)
+  apply      X <- X (1 - lr wd) + alpha O       (X fp32; O the orthogonalized matrices, bf16/fp16/fp32,
+                                                 row-major or a transposed view: widened in registers)
+
+The torch passes they replace (optimizers/algorithms/muon.py `momentum_directions`, base.py
+`decoupled_apply_all` and the cast of the result to the parameters' dtype) read and write every element
+two to three times more. Bits: momentum rounds the product and the sum separately, as `mul_` then `add_`
+do (compiled with `enable_fp_fusion=False`); apply rounds the decay product, then adds alpha O with one
+fused multiply-add, as torch's `add_(O, alpha=...)` does on CUDA (tests/test_elementwise_triton.py checks
+both against torch on the GPU).
+
+Optional: imported by optimizers/elementwise.py only where triton is (CUDA machines; CPU tests under
+TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from optimizers.symmetric_triton import interpreted
+
+BLOCK = 4096
+"""Elements per program and loop turn of the momentum kernel."""
+
+PROGRAMS = 1024
+"""Programs per tensor of the momentum kernel at most (each loops over its share of the tensor)."""
+
+TILE_R, TILE_C = 64, 64
+"""Rows and columns of one apply tile (a transposed result is read coalesced and transposed in registers)."""
+
+
+@triton.jit
+def _momentum(buf_table, grad_table, numel_table, mu, BLOCK: tl.constexpr):
+    t = tl.program_id(1)
+    buf = tl.load(buf_table + t).to(tl.pointer_type(tl.float32))
+    grad = tl.load(grad_table + t).to(tl.pointer_type(tl.float32))
+    n = tl.load(numel_table + t)
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < n
+        m = tl.load(buf + offs, mask=inside)
+        g = tl.load(grad + offs, mask=inside)
+        tl.store(buf + offs, m * mu + g, mask=inside)
+
+
+@triton.jit
+def _apply(param_table, o_ptr, per_param, rows, cols, sob, sor, soc, decay, alpha,
+           HAS_DECAY: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr):
+    b = tl.program_id(1)  # matrix b of the result: matrix b % per_param of parameter b // per_param
+    tiles_c = tl.cdiv(cols, TILE_C)
+    r = (tl.program_id(0) // tiles_c) * TILE_R + tl.arange(0, TILE_R)
+    c = (tl.program_id(0) % tiles_c) * TILE_C + tl.arange(0, TILE_C)
+    inside = (r[:, None] < rows) & (c[None, :] < cols)
+    x_ptr = tl.load(param_table + b // per_param).to(tl.pointer_type(tl.float32))
+    x_ptr += (b % per_param).to(tl.int64) * rows * cols
+    xs = x_ptr + r[:, None] * cols + c[None, :]
+    o = tl.load(o_ptr + b.to(tl.int64) * sob + r[:, None] * sor + c[None, :] * soc, mask=inside)
+    x = tl.load(xs, mask=inside)
+    if HAS_DECAY:
+        x = x * decay
+    tl.store(xs, tl.fma(o.to(tl.float32), alpha, x), mask=inside)
+
+
+_EXACT = {} if interpreted() else dict(enable_fp_fusion=False)
+"""Launch options: separate roundings where the kernel's source writes them separately."""
+
+
+def _table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+
+
+def momentum_(bufs: list[torch.Tensor], grads: list[torch.Tensor], mu: float) -> None:
+    """M <- mu M + G for every pair, in place (fp32, contiguous, same numel pairwise): one launch."""
+    device = bufs[0].device
+    numels = torch.tensor([b.numel() for b in bufs], dtype=torch.int64, device=device)
+    programs = min(PROGRAMS, triton.cdiv(max(b.numel() for b in bufs), BLOCK))
+    _momentum[(programs, len(bufs))](_table(bufs, device), _table(grads, device), numels, float(mu),
+                                     BLOCK=BLOCK, **_EXACT)
+
+
+def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | None, alpha: float) -> None:
+    """X <- X decay + alpha O for each parameter X (fp32, contiguous) and its matrices O, the
+    len(matrices) // len(params) consecutive matrices of `matrices` [B, m, n] (any strides; their
+    row-major order is the parameter's): one launch. decay None: no decay product."""
+    batch, rows, cols = matrices.shape
+    grid = (triton.cdiv(rows, TILE_R) * triton.cdiv(cols, TILE_C), batch)
+    _apply[grid](_table(params, matrices.device), matrices, batch // len(params), rows, cols, *matrices.stride(),
+                 1.0 if decay is None else float(decay), float(alpha), HAS_DECAY=decay is not None,
+                 TILE_R=TILE_R, TILE_C=TILE_C, **_EXACT)

@@ -1,0 +1,120 @@
+"""The fused elementwise kernels (optimizers/elementwise_triton.py, switched on by optimizers.elementwise.TRITON):
+Muon with them steps to the same bits as with the torch passes, on every path that reaches them (direct
+half-precision apply, wide and tall, flattened and sliced convolutions, Gram Newton-Schulz iterating in
+fp16, NorMuon's fp32 apply, Nesterov), and they decline, changing nothing, where they cannot run. Skipped
+without triton; on CPU under Triton's interpreter, on CUDA at sizes of real layers too."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before triton's import, which reads it (this process has no GPU to leak to)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+import optimizers  # noqa: E402
+from optimizers import elementwise  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SHAPES = [(12, 20), (12, 20), (30, 8), (30, 8), (6, 4, 3, 3), (6, 4, 3, 3), (16, 16)]
+"""Wide and tall megabatches of two, a conv megabatch, and a single square matrix."""
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """Counts the kernels' launches while a test runs with elementwise.TRITON on."""
+    from optimizers import elementwise_triton as kernels
+    calls = {"momentum": 0, "apply": 0}
+    for name in calls:
+        original = getattr(kernels, f"{name}_")
+
+        def counted(*args, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*args)
+        monkeypatch.setattr(kernels, f"{name}_", counted)
+    return calls
+
+
+def trajectory(triton: bool, shapes, steps=3, algorithm=optimizers.Muon, **options):
+    """The parameters after `steps` steps of seeded gradients, with the kernels on or off."""
+    before = elementwise.TRITON
+    elementwise.TRITON = triton
+    try:
+        g = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s, generator=g).to(DEVICE)) for s in shapes]
+        opt = algorithm(params, lr=0.02, **options)
+        for _ in range(steps):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g).to(DEVICE)
+            opt.step()
+        return [p.detach().cpu() for p in params]
+    finally:
+        elementwise.TRITON = before
+
+
+CONFIGS = [
+    dict(orthogonalizer="polar_express", compute_dtype=torch.bfloat16, weight_decay=0.1, flatten=True),
+    dict(orthogonalizer="polar_express", compute_dtype=torch.bfloat16, weight_decay=0.0, flatten=False),
+    dict(orthogonalizer="newton_schulz", compute_dtype=torch.float32, weight_decay=0.1, flatten=True, nesterov=True),
+    dict(orthogonalizer="gram_newton_schulz", compute_dtype=torch.bfloat16, weight_decay=0.1, flatten=True),
+    dict(orthogonalizer="gram_newton_schulz", compute_dtype=torch.float16, weight_decay=0.0, flatten=True),
+]
+
+
+@pytest.mark.parametrize("options", CONFIGS, ids=lambda o: f"{o['orthogonalizer']}-{o['compute_dtype']}-wd{o['weight_decay']}")
+def test_muon_with_the_kernels_steps_to_the_torch_passes_bits(options, fused):
+    torch_passes = trajectory(False, SHAPES, **options)
+    kernels = trajectory(True, SHAPES, **options)
+    assert fused["momentum"] == 3 and fused["apply"] == 3 * 4, fused  # one momentum launch, one per megabatch
+    for i, (a, b) in enumerate(zip(torch_passes, kernels)):
+        assert torch.equal(a, b), f"parameter {i} {tuple(a.shape)}: max |diff| {(a - b).abs().max().item():.3g}"
+
+
+def test_normuon_fp32_apply_takes_the_kernel_with_the_same_bits(fused):
+    options = dict(orthogonalizer="polar_express", compute_dtype=torch.bfloat16, weight_decay=0.1, flatten=True)
+    a = trajectory(False, SHAPES, algorithm=optimizers.NorMuon, **options)
+    b = trajectory(True, SHAPES, algorithm=optimizers.NorMuon, **options)
+    assert fused["apply"] == 3 * 4
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_the_kernels_decline_what_they_cannot_run_and_change_nothing(fused):
+    """fp64 and bf16 parameters, and matrices that do not fit the parameters: False, nothing written."""
+    before = elementwise.TRITON
+    elementwise.TRITON = True
+    try:
+        x64 = torch.ones(4, 6, dtype=torch.float64, device=DEVICE)
+        assert not elementwise.momentum_([x64], [x64.clone()], 0.9)
+        assert not elementwise.apply_([x64], torch.ones(1, 4, 6, device=DEVICE), 0.5, 1.0)
+        x = torch.ones(4, 6, device=DEVICE)
+        assert not elementwise.apply_([x], torch.ones(1, 4, 5, device=DEVICE), 0.5, 1.0)  # 20 elements for 24
+        assert not elementwise.apply_([x], torch.ones(1, 4, 6, dtype=torch.float64, device=DEVICE), 0.5, 1.0)
+        assert torch.equal(x, torch.ones(4, 6, device=DEVICE)) and torch.equal(x64, torch.ones_like(x64))
+        assert fused == {"momentum": 0, "apply": 0}
+        bf16 = optimizers.Muon([torch.nn.Parameter(torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE))])
+        bf16.param_groups[0]["params"][0].grad = torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE)
+        bf16.step()  # bf16 parameters step by the torch passes
+        assert fused == {"momentum": 0, "apply": 0}
+    finally:
+        elementwise.TRITON = before
+
+
+def test_off_by_default_the_kernels_never_run(fused):
+    assert elementwise.TRITON is False
+    trajectory(False, SHAPES[:2], orthogonalizer="polar_express")
+    assert fused == {"momentum": 0, "apply": 0}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="real layer sizes: CUDA")
+@pytest.mark.parametrize("orthogonalizer", ["polar_express", "gram_newton_schulz"])
+def test_real_layer_sizes_on_cuda(orthogonalizer, fused):
+    """GPT-2-sized wide and tall megabatches (the direct half-precision apply of tall results too)."""
+    shapes = [(768, 2304), (768, 2304), (3072, 768), (3072, 768), (768, 768)]
+    options = dict(orthogonalizer=orthogonalizer, weight_decay=0.1, flatten=True)
+    a = trajectory(False, shapes, steps=2, **options)
+    b = trajectory(True, shapes, steps=2, **options)
+    assert fused["apply"] == 2 * 3
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
