@@ -15,6 +15,7 @@ operands are bf16 or fp16, and `usable` holds; otherwise the pure-torch blocks r
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -119,37 +120,37 @@ def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_pt
         a = a_desc.load([batch, r0, k0]).reshape(TILE_M, TILE_R)
         if B_T:  # b's rows are its columns: load the row-major [TILE_N, TILE_R] block of bᵀ, feed it transposed
             b = b_desc.load([batch, c0, k0]).reshape(TILE_N, TILE_R)
-            acc = tl.dot(a, b.T, acc)
+            acc = tl.dot(a, tl.trans(b), acc)
         else:
             b = b_desc.load([batch, k0, c0]).reshape(TILE_R, TILE_N)
             acc = tl.dot(a, b, acc)
     acc = acc * alpha
+    if HAS_C:  # TMA zero-fills past the matrix's edge
+        acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_N).to(tl.float32)
+    result = acc.to(out_ptr.dtype.element_ty)
     if TRIANGLE:
-        # a TILE_M x TILE_N tile that may straddle the diagonal: store (r, c) for c >= r, and its
-        # transpose at (c, r) for c > r; each entry has exactly one writer and the mirror is exact.
-        rows = r0 + tl.arange(0, TILE_M)
-        cols = c0 + tl.arange(0, TILE_N)
-        bb = batch.to(tl.int64)
-        upper = (rows[:, None] <= cols[None, :]) & (cols[None, :] < m)
-        if HAS_C:
-            c = tl.load(c_ptr + bb * scb + rows[:, None] * scm + cols[None, :] * scn, mask=upper, other=0.0)
-            acc += beta * c.to(tl.float32)
-        result = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + bb * sob + rows[:, None] * som + cols[None, :] * son, result, mask=upper)
-        strict = (rows[:, None] < cols[None, :]) & (cols[None, :] < m)
-        tl.store(out_ptr + bb * sob + cols[:, None] * som + rows[None, :] * son, result.T, mask=strict.T)
+        # a TILE_M x TILE_N tile (ti, tj) whose column block reaches the diagonal
+        if c0 >= r0 + TILE_M:  # wholly above the diagonal: the tile and its transpose, by TMA
+            out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
+            out_t_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_N, TILE_M))
+        else:  # straddling it: (r, c) for c >= r, its transpose at (c, r) for c > r (one writer per entry)
+            rows = r0 + tl.arange(0, TILE_M)
+            cols = c0 + tl.arange(0, TILE_N)
+            bb = batch.to(tl.int64)
+            upper = (rows[:, None] <= cols[None, :]) & (cols[None, :] < m)
+            tl.store(out_ptr + bb * sob + rows[:, None] * som + cols[None, :] * son, result, mask=upper)
+            strict = (rows[:, None] < cols[None, :]) & (cols[None, :] < m)
+            tl.store(out_ptr + bb * sob + cols[:, None] * som + rows[None, :] * son, tl.trans(result),
+                     mask=tl.trans(strict))
     else:
         # square tiles (TILE_N == TILE_M), ti <= tj; TMA clips the stores at the matrix's edge
-        if HAS_C:
-            acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_N).to(tl.float32)
-        result = acc.to(out_desc.dtype)
         if ti == tj:  # the diagonal tile's lower half as the exact transpose of its upper half
             idx = tl.arange(0, TILE_M)
-            result = tl.where(idx[:, None] <= idx[None, :], result, result.T)
+            result = tl.where(idx[:, None] <= idx[None, :], result, tl.trans(result))
             out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
         else:
             out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
-            out_t_desc.store([batch, c0, r0], result.T.reshape(1, TILE_N, TILE_M))
+            out_t_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_N, TILE_M))
 
 
 @triton.jit
@@ -222,6 +223,11 @@ VARIANT = "base"
 all with benchmarks/symmetric_kernel.py)."""
 
 
+BROKEN: dict[str, str] = {}
+"""Variants that failed to compile or launch as the default (VARIANT) in this process, with the error:
+the default then runs "base" (a variant named in the call raises instead)."""
+
+
 def descriptors_available() -> bool:
     """This triton has host-side tensor descriptors (triton.tools.tensor_descriptor, triton >= 3.4)."""
     return _TensorDescriptor is not None
@@ -246,7 +252,8 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
     falls back to "base" where triton has no tensor descriptors or an operand's strides do not suit
     TMA (a's rows, b's rows or columns, input's rows contiguous and 16-byte aligned); "even" runs
     the masked path ("base") where m or k is not a multiple of the tiles."""
-    name = name or VARIANT
+    if name is None:
+        name = VARIANT if VARIANT not in BROKEN else "base"
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}: one of {sorted(VARIANTS)}")
     v = VARIANTS[name]
@@ -281,8 +288,25 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
         raise ValueError(f"shapes {tuple(a.shape)} @ {tuple(b.shape)} (+ {None if input is None else tuple(input.shape)}) "
                          f"do not make a stack of square products")
     name = resolve(variant, input, a, b, tile, tile_k)
-    v = VARIANTS[name]
     out = torch.empty(batch, m, m, dtype=a.dtype, device=a.device)
+    try:
+        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages)
+    except Exception as e:  # noqa: BLE001 - triton's compile and launch errors have no common base
+        if variant is not None or name == "base":
+            raise  # asked for by name (benchmarks, tests): the failure is the answer
+        # the default variant cannot compile or launch with this triton (shared memory, an unsupported
+        # layout): warn once, and run the base kernel from now on
+        BROKEN[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        warnings.warn(f"symmetric_triton: variant {name!r} failed ({BROKEN[name]}); running 'base'", stacklevel=2)
+        name = "base"
+        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages)
+    STATS.products += 1
+    STATS.variants[name] = STATS.variants.get(name, 0) + 1
+    return out
+
+
+def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stages) -> None:
+    batch, m, k = a.shape
     c = out if input is None else input
     extra = {} if interpreted() else dict(num_warps=warps or v.warps, num_stages=stages or v.stages)
     if not v.descriptors:
@@ -292,9 +316,6 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
             float(alpha), float(beta), HAS_C=input is not None, TILE_M=tile, TILE_R=tile_k, EVEN=v.even, **extra)
     else:
         _launch_descriptors(v, input, a, b, c, out, alpha, beta, tile, tile_k, extra)
-    STATS.products += 1
-    STATS.variants[name] = STATS.variants.get(name, 0) + 1
-    return out
 
 
 def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile_k, extra) -> None:
