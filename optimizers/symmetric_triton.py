@@ -14,6 +14,7 @@ operands are bf16 or fp16, and `usable` holds; otherwise the pure-torch blocks r
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -169,6 +170,20 @@ def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_pt
                          HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
 
 
+@triton.jit
+def _upper_tiles_loop(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, n_pairs, n_batch, m,
+                      k, scb, scm, scn, sob, som, son, alpha, beta,
+                      HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr, TILE_M: tl.constexpr,
+                      TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
+                      WS: tl.constexpr):
+    # the persistent loop as tl.range(flatten=...): the compiler pipelines the next tile's loads
+    # across this tile's epilogue; warp_specialize: producer and consumer warps (triton >= 3.5)
+    for t in tl.range(tl.program_id(0), n_pairs * n_batch, PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
+        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
+                         t % n_pairs, t // n_pairs, m, k, scb, scm, scn, sob, som, son, alpha, beta,
+                         HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+
+
 _PAIRS: dict[tuple, torch.Tensor] = {}
 
 
@@ -198,12 +213,14 @@ class Variant:
     """One way to run the kernel. `descriptors`: TMA loads through tensor descriptors (else masked
     pointer loads); `even`: unmasked pointer loads where the shape allows; `tile_n`: columns per tile
     in units of `tile` (2: rectangular 128 x 256 tiles, stored by their upper triangle); `persistent`:
-    one program per SM looping over the tiles; `group`: row blocks per L2 group of the tile order."""
+    one program per SM looping over the tiles, with `loop` "flatten" or "warp_specialize" as a tl.range
+    of that option (triton >= 3.4 / 3.5); `group`: row blocks per L2 group of the tile order."""
 
     descriptors: bool = False
     even: bool = False
     tile_n: int = 1
     persistent: bool = False
+    loop: str = ""
     group: int = 0
     warps: int = 8
     stages: int = 3
@@ -215,6 +232,8 @@ VARIANTS = {
     "tma": Variant(descriptors=True, group=8),
     "rect": Variant(descriptors=True, tile_n=2, group=8),
     "persistent": Variant(descriptors=True, tile_n=2, persistent=True, group=8),
+    "persistent-flat": Variant(descriptors=True, tile_n=2, persistent=True, loop="flatten", group=8),
+    "persistent-ws": Variant(descriptors=True, tile_n=2, persistent=True, loop="warp_specialize", group=8),
 }
 """The kernel variants (issue 13), by name: "base" is the kernel measured at 337 ms of the 24-layer step."""
 
@@ -237,6 +256,12 @@ try:  # absent before triton 3.4: the descriptor variants then fall back to "bas
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
 except ImportError:  # pragma: no cover - depends on the installed triton
     _TensorDescriptor = None
+
+
+try:  # tl.range's options (flatten: triton >= 3.4, warp_specialize: >= 3.5); none under older ones
+    _RANGE_OPTIONS = frozenset(inspect.signature(tl.range).parameters)
+except (TypeError, ValueError):  # pragma: no cover - depends on the installed triton
+    _RANGE_OPTIONS = frozenset()
 
 
 def _descriptor_ok(t: torch.Tensor) -> bool:
@@ -268,6 +293,8 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
             return "base"
         if input is not None and not _descriptor_ok(input):
             return "base"
+        if v.loop and v.loop not in _RANGE_OPTIONS:
+            return "persistent"
     return name
 
 
@@ -339,11 +366,15 @@ def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile
         grid = (min(programs, n_pairs * batch), 1)
     else:
         programs, grid = 1, (n_pairs, batch)
-    _upper_tiles_tma[grid](
-        a_desc, b_desc, c_desc, out_desc, out_t_desc, c, out, pairs, n_pairs, batch, m, k,
-        *c.stride(), *out.stride(), float(alpha), float(beta),
-        HAS_C=input is not None, B_T=b_t, TRIANGLE=v.tile_n != 1, PERSISTENT=v.persistent,
-        TILE_M=tile, TILE_N=tile_n, TILE_R=tile_k, PROGRAMS=programs, **extra)
+    args = (a_desc, b_desc, c_desc, out_desc, out_t_desc, c, out, pairs, n_pairs, batch, m, k,
+            *c.stride(), *out.stride(), float(alpha), float(beta))
+    shape = dict(HAS_C=input is not None, B_T=b_t, TRIANGLE=v.tile_n != 1, TILE_M=tile, TILE_N=tile_n,
+                 TILE_R=tile_k, PROGRAMS=programs)
+    if v.loop:
+        _upper_tiles_loop[grid](*args, **shape, FLATTEN=v.loop == "flatten", WS=v.loop == "warp_specialize",
+                                **extra)
+    else:
+        _upper_tiles_tma[grid](*args, **shape, PERSISTENT=v.persistent, **extra)
 
 
 def _sm_count(device: torch.device) -> int:

@@ -58,7 +58,7 @@ def assert_mirrored(got, tile):
         assert torch.equal(got[:, lo:hi, hi:], got[:, hi:, lo:hi].mT)
 
 
-VARIANTS = ["base", "even", "tma", "rect", "persistent"]
+VARIANTS = ["base", "even", "tma", "rect", "persistent", "persistent-flat", "persistent-ws"]
 
 
 def assert_exact_mirror(got, kernel, variant):
