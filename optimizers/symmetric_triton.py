@@ -7,6 +7,24 @@ T² tiles: 0.52 of the full product's multiply-adds at m = 4096 (T = 32), agains
 blocks of optimizers/symmetric.py, in one launch and with no mirror copy. A diagonal tile is computed
 whole; an off-diagonal tile's mirror is its exact transpose.
 
+Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call by the module constant
+`VARIANT`, "base" until an H200 run of benchmarks/symmetric_kernel.py says otherwise):
+  - "base": the kernel above (masked pointer loads, 128 x 128 tiles, row-major tile order);
+  - "even": the same with no masks where m and k are multiples of the tiles;
+  - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
+    triton.tools.tensor_descriptor.TensorDescriptor; a transposed view b = xᵀ is read by x's rows and
+    fed as tl.trans), stores by TMA, tiles in L2 groups of 8 row blocks; its diagonal tiles store their
+    upper half and its transpose, so the whole result is bitwise symmetric;
+  - "rect": as "tma" with 128 x 256 tiles: row block i against column block j wherever the column block
+    reaches the diagonal (272 tiles of 128 x 256 at m = 4096, 0.53 of the full product); a tile wholly
+    above the diagonal stores itself and its transpose by TMA, a tile across it stores entry (r, c) for
+    c >= r and its transpose for c > r by masked stores: one writer per entry, an exact mirror;
+  - "persistent": "rect" with one program per SM looping over (batch, tile); "persistent-flat" and
+    "persistent-ws" loop by tl.range(flatten=True) / tl.range(warp_specialize=True).
+A descriptor variant runs "base" where this triton has no tensor descriptors or an operand's rows are
+not contiguous and 16-byte aligned (`resolve`); a default variant that fails to compile warns once and
+runs "base" from then on (`BROKEN`).
+
 Optional: Triton is imported when this module is (CUDA machines with triton; CPU tests under
 TRITON_INTERPRET=1). optimizers/symmetric.py calls it only when `symmetric.TRITON` is set, the
 operands are bf16 or fp16, and `usable` holds; otherwise the pure-torch blocks run.
