@@ -7,6 +7,24 @@ T² tiles: 0.52 of the full product's multiply-adds at m = 4096 (T = 32), agains
 blocks of optimizers/symmetric.py, in one launch and with no mirror copy. A diagonal tile is computed
 whole; an off-diagonal tile's mirror is its exact transpose.
 
+Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call by the module constant
+`VARIANT`, "base" until an H200 run of benchmarks/symmetric_kernel.py says otherwise):
+  - "base": the kernel above (masked pointer loads, 128 x 128 tiles, row-major tile order);
+  - "even": the same with no masks where m and k are multiples of the tiles;
+  - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
+    triton.tools.tensor_descriptor.TensorDescriptor; a transposed view b = xᵀ is read by x's rows and
+    fed as tl.trans), stores by TMA, tiles in L2 groups of 8 row blocks; its diagonal tiles store their
+    upper half and its transpose, so the whole result is bitwise symmetric;
+  - "rect": as "tma" with 128 x 256 tiles: row block i against column block j wherever the column block
+    reaches the diagonal (272 tiles of 128 x 256 at m = 4096, 0.53 of the full product); a tile wholly
+    above the diagonal stores itself and its transpose by TMA, a tile across it stores entry (r, c) for
+    c >= r and its transpose for c > r by masked stores: one writer per entry, an exact mirror;
+  - "persistent": "rect" with one program per SM looping over (batch, tile); "persistent-flat" and
+    "persistent-ws" loop by tl.range(flatten=True) / tl.range(warp_specialize=True).
+A descriptor variant runs "base" where this triton has no tensor descriptors or an operand's rows are
+not contiguous and 16-byte aligned (`resolve`); a default variant that fails to compile warns once and
+runs "base" from then on (`BROKEN`).
+
 Optional: Triton is imported when this module is (CUDA machines with triton; CPU tests under
 TRITON_INTERPRET=1). optimizers/symmetric.py calls it only when `symmetric.TRITON` is set, the
 operands are bf16 or fp16, and `usable` holds; otherwise the pure-torch blocks run.
@@ -14,8 +32,10 @@ operands are bf16 or fp16, and `usable` holds; otherwise the pure-torch blocks r
 
 from __future__ import annotations
 
+import inspect
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -23,6 +43,10 @@ import triton.language as tl
 
 DTYPES = (torch.bfloat16, torch.float16)
 """Operand dtypes the kernel takes (tensor-core dot products, fp32 accumulation)."""
+
+VARIANT = "base"
+"""The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when the call names none: "base",
+the kernel as it was, until an H200 run of benchmarks/symmetric_kernel.py says which is faster."""
 
 TILE, TILE_K, WARPS, STAGES = 128, 64, 8, 3
 """Tile rows/columns, reduction step, warps and pipeline stages on a GPU (H100/H200-class)."""
@@ -33,6 +57,8 @@ class KernelStats:
     """Products this process computed with the kernel (benchmarks/gpu_step.py notes them per row)."""
 
     products: int = 0
+    variants: dict = field(default_factory=dict)
+    """Products by the variant that ran (after `resolve`'s fallbacks)."""
 
 
 STATS = KernelStats()
@@ -64,7 +90,8 @@ def int32_offsets(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 @triton.jit
 def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
                  sab, sam, sak, sbb, sbk, sbn, scb, scm, scn, sob, som, son, alpha, beta,
-                 HAS_C: tl.constexpr, TILE_M: tl.constexpr, TILE_R: tl.constexpr):
+                 HAS_C: tl.constexpr, TILE_M: tl.constexpr, TILE_R: tl.constexpr, EVEN: tl.constexpr = False):
+    # EVEN (variant "even"): m % TILE_M == 0 and k % TILE_R == 0, so no load or store is masked.
     pair = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)  # batch * stride passes 2^31 on large stacks (72 x 4096 x 11008)
     ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
@@ -74,39 +101,228 @@ def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
     acc = tl.zeros((TILE_M, TILE_M), dtype=tl.float32)
     for k0 in range(0, k, TILE_R):
         ks = k0 + red
-        a = tl.load(a_ptr + batch * sab + rows[:, None] * sam + ks[None, :] * sak,
-                    mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
-        b = tl.load(b_ptr + batch * sbb + ks[:, None] * sbk + cols[None, :] * sbn,
-                    mask=(ks[:, None] < k) & (cols[None, :] < m), other=0.0)
+        if EVEN:
+            a = tl.load(a_ptr + batch * sab + rows[:, None] * sam + ks[None, :] * sak)
+            b = tl.load(b_ptr + batch * sbb + ks[:, None] * sbk + cols[None, :] * sbn)
+        else:
+            a = tl.load(a_ptr + batch * sab + rows[:, None] * sam + ks[None, :] * sak,
+                        mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
+            b = tl.load(b_ptr + batch * sbb + ks[:, None] * sbk + cols[None, :] * sbn,
+                        mask=(ks[:, None] < k) & (cols[None, :] < m), other=0.0)
         acc += tl.dot(a, b)
     acc = acc * alpha
     inside = (rows[:, None] < m) & (cols[None, :] < m)
     if HAS_C:
-        c = tl.load(c_ptr + batch * scb + rows[:, None] * scm + cols[None, :] * scn, mask=inside, other=0.0)
+        if EVEN:
+            c = tl.load(c_ptr + batch * scb + rows[:, None] * scm + cols[None, :] * scn)
+        else:
+            c = tl.load(c_ptr + batch * scb + rows[:, None] * scm + cols[None, :] * scn, mask=inside, other=0.0)
         acc += beta * c.to(tl.float32)
     result = acc.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + batch * sob + rows[:, None] * som + cols[None, :] * son, result, mask=inside)
-    if ti != tj:
-        tl.store(out_ptr + batch * sob + cols[None, :] * som + rows[:, None] * son, result, mask=inside)
+    if EVEN:
+        tl.store(out_ptr + batch * sob + rows[:, None] * som + cols[None, :] * son, result)
+        if ti != tj:
+            tl.store(out_ptr + batch * sob + cols[None, :] * som + rows[:, None] * son, result)
+    else:
+        tl.store(out_ptr + batch * sob + rows[:, None] * som + cols[None, :] * son, result, mask=inside)
+        if ti != tj:
+            tl.store(out_ptr + batch * sob + cols[None, :] * som + rows[:, None] * son, result, mask=inside)
 
 
-_PAIRS: dict[tuple[int, str], torch.Tensor] = {}
+@triton.jit
+def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, pair, batch, m, k,
+                     scb, scm, scn, sob, som, son, alpha, beta,
+                     HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr,
+                     TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_R: tl.constexpr):
+    """One tile (row block ti of TILE_M rows, column block tj of TILE_N columns) by TMA loads."""
+    ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
+    r0 = ti * TILE_M
+    c0 = tj * TILE_N
+    acc = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
+    for k0 in range(0, k, TILE_R):
+        a = a_desc.load([batch, r0, k0]).reshape(TILE_M, TILE_R)
+        if B_T:  # b's rows are its columns: load the row-major [TILE_N, TILE_R] block of bᵀ, feed it transposed
+            b = b_desc.load([batch, c0, k0]).reshape(TILE_N, TILE_R)
+            acc = tl.dot(a, tl.trans(b), acc)
+        else:
+            b = b_desc.load([batch, k0, c0]).reshape(TILE_R, TILE_N)
+            acc = tl.dot(a, b, acc)
+    acc = acc * alpha
+    if HAS_C:  # TMA zero-fills past the matrix's edge
+        acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_N).to(tl.float32)
+    result = acc.to(out_ptr.dtype.element_ty)
+    if TRIANGLE:
+        # a TILE_M x TILE_N tile (ti, tj) whose column block reaches the diagonal
+        if c0 >= r0 + TILE_M:  # wholly above the diagonal: the tile and its transpose, by TMA
+            out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
+            out_t_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_N, TILE_M))
+        else:  # straddling it: (r, c) for c >= r, its transpose at (c, r) for c > r (one writer per entry)
+            rows = r0 + tl.arange(0, TILE_M)
+            cols = c0 + tl.arange(0, TILE_N)
+            bb = batch.to(tl.int64)
+            upper = (rows[:, None] <= cols[None, :]) & (cols[None, :] < m)
+            tl.store(out_ptr + bb * sob + rows[:, None] * som + cols[None, :] * son, result, mask=upper)
+            strict = (rows[:, None] < cols[None, :]) & (cols[None, :] < m)
+            tl.store(out_ptr + bb * sob + cols[:, None] * som + rows[None, :] * son, tl.trans(result),
+                     mask=tl.trans(strict))
+    else:
+        # square tiles (TILE_N == TILE_M), ti <= tj; TMA clips the stores at the matrix's edge
+        if ti == tj:  # the diagonal tile's lower half as the exact transpose of its upper half
+            idx = tl.arange(0, TILE_M)
+            result = tl.where(idx[:, None] <= idx[None, :], result, tl.trans(result))
+            out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
+        else:
+            out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
+            out_t_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_N, TILE_M))
 
 
-def _pairs(tiles: int, device: torch.device) -> torch.Tensor:
-    """(i, j) for i <= j < tiles, as an int32 [P, 2] tensor on `device` (cached)."""
-    key = (tiles, str(device))
+@triton.jit
+def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, n_pairs, n_batch, m, k,
+                     scb, scm, scn, sob, som, son, alpha, beta,
+                     HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr, PERSISTENT: tl.constexpr,
+                     TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr):
+    if PERSISTENT:  # PROGRAMS programs (one per SM), each looping over (batch, pair) with a stride
+        for t in range(tl.program_id(0), n_pairs * n_batch, PROGRAMS):
+            _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
+                             t % n_pairs, t // n_pairs, m, k, scb, scm, scn, sob, som, son, alpha, beta,
+                             HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+    else:
+        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
+                         tl.program_id(0), tl.program_id(1), m, k, scb, scm, scn, sob, som, son, alpha, beta,
+                         HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+
+
+@triton.jit
+def _upper_tiles_loop(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, n_pairs, n_batch, m,
+                      k, scb, scm, scn, sob, som, son, alpha, beta,
+                      HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr, TILE_M: tl.constexpr,
+                      TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
+                      WS: tl.constexpr):
+    # the persistent loop as tl.range(flatten=...): the compiler pipelines the next tile's loads
+    # across this tile's epilogue; warp_specialize: producer and consumer warps (triton >= 3.5)
+    for t in tl.range(tl.program_id(0), n_pairs * n_batch, PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
+        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
+                         t % n_pairs, t // n_pairs, m, k, scb, scm, scn, sob, som, son, alpha, beta,
+                         HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+
+
+_PAIRS: dict[tuple, torch.Tensor] = {}
+
+
+def pair_list(m: int, tile_m: int, tile_n: int, group: int = 0) -> list[tuple[int, int]]:
+    """(i, j): row block i (tile_m rows) against column block j (tile_n columns) wherever the column
+    block reaches the diagonal (it holds a column c >= some row r of the row block), for an m x m
+    product. Square tiles: i <= j. Order: row-major, or with `group` > 0 in groups of `group` row
+    blocks, column by column within a group (tiles in flight together share their operands in L2)."""
+    rows, cols = -(-m // tile_m), -(-m // tile_n)
+    needed = [(i, j) for i in range(rows) for j in range(cols) if (j + 1) * tile_n - 1 >= i * tile_m]
+    if group <= 0:
+        return needed
+    return sorted(needed, key=lambda p: (p[0] // group, p[1], p[0]))
+
+
+def _pairs(tiles: int, device: torch.device, tile_n_ratio: int = 1, group: int = 0) -> torch.Tensor:
+    """pair_list for `tiles` row blocks (cached per device) as an int32 [P, 2] tensor on `device`."""
+    key = (tiles, str(device), tile_n_ratio, group)
     if key not in _PAIRS:
-        pairs = [(i, j) for i in range(tiles) for j in range(i, tiles)]
+        pairs = pair_list(tiles * tile_n_ratio, 1, tile_n_ratio, group)
         _PAIRS[key] = torch.tensor(pairs, dtype=torch.int32, device=device)
     return _PAIRS[key]
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the kernel. `descriptors`: TMA loads through tensor descriptors (else masked
+    pointer loads); `even`: unmasked pointer loads where the shape allows; `tile_n`: columns per tile
+    in units of `tile` (2: rectangular 128 x 256 tiles, stored by their upper triangle); `persistent`:
+    one program per SM looping over the tiles, with `loop` "flatten" or "warp_specialize" as a tl.range
+    of that option (triton >= 3.4 / 3.5); `group`: row blocks per L2 group of the tile order."""
+
+    descriptors: bool = False
+    even: bool = False
+    tile_n: int = 1
+    persistent: bool = False
+    loop: str = ""
+    group: int = 0
+    warps: int = 8
+    stages: int = 3
+
+
+VARIANTS = {
+    "base": Variant(),
+    "even": Variant(even=True),
+    "tma": Variant(descriptors=True, group=8),
+    "rect": Variant(descriptors=True, tile_n=2, group=8),
+    "persistent": Variant(descriptors=True, tile_n=2, persistent=True, group=8),
+    "persistent-flat": Variant(descriptors=True, tile_n=2, persistent=True, loop="flatten", group=8),
+    "persistent-ws": Variant(descriptors=True, tile_n=2, persistent=True, loop="warp_specialize", group=8),
+}
+"""The kernel variants (issue 13), by name: "base" is the kernel measured at 337 ms of the 24-layer step."""
+
+BROKEN: dict[str, str] = {}
+"""Variants that failed to compile or launch as the default (VARIANT) in this process, with the error:
+the default then runs "base" (a variant named in the call raises instead)."""
+
+
+def descriptors_available() -> bool:
+    """This triton has host-side tensor descriptors (triton.tools.tensor_descriptor, triton >= 3.4)."""
+    return _TensorDescriptor is not None
+
+
+try:  # absent before triton 3.4: the descriptor variants then fall back to "base"
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the installed triton
+    _TensorDescriptor = None
+
+
+try:  # tl.range's options (flatten: triton >= 3.4, warp_specialize: >= 3.5); none under older ones
+    _RANGE_OPTIONS = frozenset(inspect.signature(tl.range).parameters)
+except (TypeError, ValueError):  # pragma: no cover - depends on the installed triton
+    _RANGE_OPTIONS = frozenset()
+
+
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """A 3-D TMA descriptor can span `t`: last stride 1, other strides and the base 16-byte aligned."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
+            and t.data_ptr() % 16 == 0)
+
+
+def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
+            tile: int | None = None, tile_k: int | None = None) -> str:
+    """The variant that runs for `name` (default VARIANT) on these operands: a descriptor variant
+    falls back to "base" where triton has no tensor descriptors or an operand's strides do not suit
+    TMA (a's rows, b's rows or columns, input's rows contiguous and 16-byte aligned); "even" runs
+    the masked path ("base") where m or k is not a multiple of the tiles."""
+    if name is None:
+        name = VARIANT if VARIANT not in BROKEN else "base"
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}: one of {sorted(VARIANTS)}")
+    v = VARIANTS[name]
+    tile, tile_k = tile or TILE, tile_k or TILE_K
+    m, k = a.shape[-2], a.shape[-1]
+    if v.even and (m % tile or k % tile_k):
+        return "base"
+    if v.descriptors:
+        b_rows = b.mT if b.stride(-2) == 1 and b.stride(-1) != 1 else b
+        if (not descriptors_available() or not (_descriptor_ok(a) and _descriptor_ok(b_rows))
+                or (m * a.element_size()) % 16):  # the output's rows (the product's own, contiguous)
+            return "base"
+        if input is not None and not _descriptor_ok(input):
+            return "base"
+        if v.loop and v.loop not in _RANGE_OPTIONS:
+            return "persistent"
+    return name
+
+
 def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float = 1.0,
-                      alpha: float = 1.0, tile: int | None = None, tile_k: int | None = None) -> torch.Tensor:
+                      alpha: float = 1.0, tile: int | None = None, tile_k: int | None = None,
+                      variant: str | None = None, warps: int | None = None,
+                      stages: int | None = None) -> torch.Tensor:
     """beta * input + alpha * (a @ b) for a [B, m, k], b [B, k, m] with a symmetric product (and a
     symmetric `input` [B, m, m], or None: alpha * (a @ b)), by upper tiles, in a's dtype; `tile`,
-    `tile_k` default to TILE, TILE_K (read at the call)."""
+    `tile_k` default to TILE, TILE_K and `variant` to VARIANT (read at the call; see `resolve` for
+    its fallbacks); `warps`, `stages` override the variant's launch."""
     tile, tile_k = tile or TILE, tile_k or TILE_K
     if not usable(a) or b.dtype != a.dtype or (input is not None and input.dtype != a.dtype):
         raise ValueError(f"the Triton symmetric product takes {DTYPES} on CUDA (or the interpreter), got "
@@ -115,13 +331,71 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
     if b.shape != (batch, k, m) or (input is not None and input.shape != (batch, m, m)):
         raise ValueError(f"shapes {tuple(a.shape)} @ {tuple(b.shape)} (+ {None if input is None else tuple(input.shape)}) "
                          f"do not make a stack of square products")
+    name = resolve(variant, input, a, b, tile, tile_k)
     out = torch.empty(batch, m, m, dtype=a.dtype, device=a.device)
-    tiles = triton.cdiv(m, tile)
-    pairs = _pairs(tiles, a.device)
-    c = out if input is None else input
-    extra = {} if interpreted() else dict(num_warps=WARPS, num_stages=STAGES)
-    _upper_tiles[(pairs.shape[0], batch)](
-        a, b, c, out, pairs, m, k, *a.stride(), *b.stride(), *c.stride(), *out.stride(),
-        float(alpha), float(beta), HAS_C=input is not None, TILE_M=tile, TILE_R=tile_k, **extra)
+    try:
+        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages)
+    except Exception as e:  # noqa: BLE001 - triton's compile and launch errors have no common base
+        if variant is not None or name == "base":
+            raise  # asked for by name (benchmarks, tests): the failure is the answer
+        # the default variant cannot compile or launch with this triton (shared memory, an unsupported
+        # layout): warn once, and run the base kernel from now on
+        BROKEN[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        warnings.warn(f"symmetric_triton: variant {name!r} failed ({BROKEN[name]}); running 'base'", stacklevel=2)
+        name = "base"
+        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages)
     STATS.products += 1
+    STATS.variants[name] = STATS.variants.get(name, 0) + 1
     return out
+
+
+def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stages) -> None:
+    batch, m, k = a.shape
+    c = out if input is None else input
+    extra = {} if interpreted() else dict(num_warps=warps or v.warps, num_stages=stages or v.stages)
+    if not v.descriptors:
+        pairs = _pairs(triton.cdiv(m, tile), a.device)
+        _upper_tiles[(pairs.shape[0], batch)](
+            a, b, c, out, pairs, m, k, *a.stride(), *b.stride(), *c.stride(), *out.stride(),
+            float(alpha), float(beta), HAS_C=input is not None, TILE_M=tile, TILE_R=tile_k, EVEN=v.even, **extra)
+    else:
+        _launch_descriptors(v, input, a, b, c, out, alpha, beta, tile, tile_k, extra)
+
+
+def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile_k, extra) -> None:
+    batch, m, k = a.shape
+    tile_n = tile * v.tile_n
+    b_t = b.stride(-2) == 1 and b.stride(-1) != 1
+    desc = _TensorDescriptor
+    a_desc = desc(a, list(a.shape), list(a.stride()), [1, tile, tile_k])
+    if b_t:
+        bt = b.mT
+        b_desc = desc(bt, list(bt.shape), list(bt.stride()), [1, tile_n, tile_k])
+    else:
+        b_desc = desc(b, list(b.shape), list(b.stride()), [1, tile_k, tile_n])
+    out_desc = desc(out, list(out.shape), list(out.stride()), [1, tile, tile_n])
+    out_t_desc = desc(out, list(out.shape), list(out.stride()), [1, tile_n, tile])
+    c_desc = out_desc if input is None else desc(input, list(input.shape), list(input.stride()), [1, tile, tile_n])
+    pairs = _pairs(triton.cdiv(m, tile), a.device, v.tile_n, v.group)
+    n_pairs = pairs.shape[0]
+    if v.persistent:
+        programs = _sm_count(a.device)  # a constexpr: one compile per device, not per shape
+        grid = (min(programs, n_pairs * batch), 1)
+    else:
+        programs, grid = 1, (n_pairs, batch)
+    args = (a_desc, b_desc, c_desc, out_desc, out_t_desc, c, out, pairs, n_pairs, batch, m, k,
+            *c.stride(), *out.stride(), float(alpha), float(beta))
+    shape = dict(HAS_C=input is not None, B_T=b_t, TRIANGLE=v.tile_n != 1, TILE_M=tile, TILE_N=tile_n,
+                 TILE_R=tile_k, PROGRAMS=programs)
+    if v.loop:
+        _upper_tiles_loop[grid](*args, **shape, FLATTEN=v.loop == "flatten", WS=v.loop == "warp_specialize",
+                                **extra)
+    else:
+        _upper_tiles_tma[grid](*args, **shape, PERSISTENT=v.persistent, **extra)
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (4 under the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count

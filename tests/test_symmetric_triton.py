@@ -58,30 +58,49 @@ def assert_mirrored(got, tile):
         assert torch.equal(got[:, lo:hi, hi:], got[:, hi:, lo:hi].mT)
 
 
-@pytest.mark.parametrize("b, m, k", [(2, 40, 70), (1, 48, 16), (3, 33, 47)])
-def test_gram_matrix_by_upper_tiles(kernel, b, m, k):
-    """X Xᵀ with m and k not multiples of the tiles (masked edges), transposed operand as a view."""
+VARIANTS = ["base", "even", "tma", "rect", "persistent", "persistent-flat", "persistent-ws"]
+
+
+def assert_exact_mirror(got, kernel, variant):
+    """The variants other than "base" mirror the diagonal tiles too: the whole result is symmetric."""
+    if variant != "base":
+        assert torch.equal(got, got.mT)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("b, m, k", [(2, 40, 70), (1, 48, 16), (3, 33, 47), (2, 40, 72)])
+def test_gram_matrix_by_upper_tiles(kernel, b, m, k, variant):
+    """X Xᵀ with m and k not multiples of the tiles (masked edges; TMA's zero fill where the rows are
+    16-byte aligned, 40 x 72), transposed operand as a view, by each variant (issue 13)."""
     for dtype in dtypes():
         x = stack(b, m, k, dtype=dtype) if kernel.interpreted() else stack(b, 8 * m, 64 * k, dtype=dtype)
-        got = kernel.symmetric_baddbmm(None, x, x.mT, **tiles(kernel))
+        got = kernel.symmetric_baddbmm(None, x, x.mT, **tiles(kernel), variant=variant)
         assert_one_rounding(got, x.float() @ x.float().mT, dtype)
         assert_mirrored(got, tiles(kernel).get("tile", kernel.TILE))
+        assert_exact_mirror(got, kernel, variant)
 
 
-def test_polynomial_products_with_input(kernel):
-    """beta R + alpha R R and a product of two commuting symmetric matrices (R and bR + cR²)."""
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("m", [40, 48])
+def test_polynomial_products_with_input(kernel, variant, m):
+    """beta R + alpha R R and a product of two commuting symmetric matrices (R and bR + cR²), by each
+    variant: b not transposed (its rows loaded as they are), an input C; m = 40 cuts the last tiles."""
     for dtype in dtypes():
-        x = stack(2, 40, 64, seed=1, dtype=dtype) if kernel.interpreted() else stack(2, 2048, 4096, seed=1, dtype=dtype)
+        x = stack(2, m, 64, seed=1, dtype=dtype) if kernel.interpreted() else stack(2, 51 * m, 4096, seed=1, dtype=dtype)
         # spectral norm about 1, as Gram NS's iterates have: a Gaussian m x k has ||x||_2 ~ sqrt(m) + sqrt(k).
         # (Frobenius-normalised at 2048 x 4096, R R held fp16 subnormals, spacing 6e-8 above the bound.)
         x = x / (x.size(-2) ** 0.5 + x.size(-1) ** 0.5)
         r = (x.float() @ x.float().mT).to(dtype)
-        got = kernel.symmetric_baddbmm(r, r, r, -4.775, 2.0315, **tiles(kernel))
+        r = (r + r.mT) / 2  # bitwise symmetric, as the kernel's own products are
+        got = kernel.symmetric_baddbmm(r, r, r, -4.775, 2.0315, **tiles(kernel), variant=variant)
         exact = -4.775 * r.float() + 2.0315 * (r.float() @ r.float())
         assert_one_rounding(got, exact, dtype)
-        z = exact.to(dtype)  # R Z is symmetric only up to the rounding of Z: compare the computed tiles
-        got = kernel.symmetric_baddbmm(None, r, z, **tiles(kernel))
+        assert_exact_mirror(got, kernel, variant)
+        z = exact.to(dtype)  # R Z is symmetric only up to the rounding of Z: compare the upper triangle
+        got = kernel.symmetric_baddbmm(None, r, z, **tiles(kernel), variant=variant)
         mask = computed(r.size(-1), tiles(kernel).get("tile", kernel.TILE))
+        if variant != "base":  # the others compute each entry on or above the diagonal
+            mask = torch.ones_like(mask).triu()
         assert_one_rounding(got[:, mask], (r.float() @ z.float())[:, mask], dtype)
 
 
@@ -148,3 +167,86 @@ def test_a_matrix_past_int32_offsets_is_not_usable(kernel):
     assert not kernel.int32_offsets((1, 2, 16), (0, 2**31, 1))
     assert not kernel.int32_offsets((1, 46341, 16), (0, 16, 1))
     assert kernel.usable(stack(1, 32, 16)) and not kernel.usable(stack(1, 32, 16).float())
+
+
+@pytest.mark.parametrize("m, tile_m, tile_n", [(4096, 128, 128), (4096, 128, 256), (40, 16, 32), (33, 16, 32),
+                                               (48, 16, 16), (300, 128, 256)])
+@pytest.mark.parametrize("group", [0, 8])
+def test_tile_pairs_cover_the_upper_triangle_once(kernel, m, tile_m, tile_n, group):
+    """Every entry (r, c), c >= r, lies in exactly one listed tile (rectangular tiles store their
+    upper triangle: the entry's one writer); the grouped order is a permutation of the row-major one."""
+    pairs = kernel.pair_list(m, tile_m, tile_n, group)
+    assert sorted(pairs) == kernel.pair_list(m, tile_m, tile_n) and len(set(pairs)) == len(pairs)
+    r = torch.arange(m)
+    tile_of = (r[:, None] // tile_m) * m + (r[None, :] // tile_n)  # the one tile holding (r, c)
+    listed = torch.tensor([i * m + j for i, j in pairs])
+    upper = r[:, None] <= r[None, :]
+    assert torch.isin(tile_of[upper], listed).all()
+    if tile_n == tile_m:  # square tiles: exactly the T (T + 1) / 2 upper tiles
+        t = -(-m // tile_m)
+        assert len(pairs) == t * (t + 1) // 2
+    if (m, tile_m, tile_n) == (4096, 128, 256):
+        assert len(pairs) == 272  # 544 of the 1024 128 x 128 units: 0.53 of the full product
+
+
+def test_variants_fall_back_where_they_cannot_run(kernel, monkeypatch):
+    """resolve: "even" needs m, k multiples of the tiles; the descriptor variants need 16-byte aligned
+    rows (a, b or bᵀ, input, the m x m output) and triton's tensor descriptors; else "base" runs."""
+    t = dict(tile=16, tile_k=16)
+    x = stack(1, 32, 32)
+    assert kernel.resolve("even", None, x, x.mT, **t) == "even"
+    assert kernel.resolve("even", None, stack(1, 32, 40), stack(1, 32, 40).mT, **t) == "base"
+    aligned, odd_k, odd_m = stack(1, 40, 72), stack(1, 40, 70), stack(1, 36, 72)
+    for name in ("tma", "rect", "persistent"):
+        assert kernel.resolve(name, None, aligned, aligned.mT, **t) == (name if kernel.descriptors_available() else "base")
+        assert kernel.resolve(name, None, odd_k, odd_k.mT, **t) == "base"  # 70 x 2 bytes per row
+        assert kernel.resolve(name, None, odd_m, odd_m.mT, **t) == "base"  # the output's rows: 36 x 2 bytes
+        c = stack(1, 40, 40)
+        assert kernel.resolve(name, c, c, c, **t) == (name if kernel.descriptors_available() else "base")
+        assert kernel.resolve(name, c.mT.contiguous().mT, c, c, **t) == "base"  # input by columns
+    monkeypatch.setattr(kernel, "_TensorDescriptor", None)
+    assert kernel.resolve("tma", None, aligned, aligned.mT, **t) == "base"
+    with pytest.raises(ValueError, match="unknown variant"):
+        kernel.resolve("fastest", None, x, x.mT)
+
+
+def test_the_default_is_the_base_kernel_until_timed(kernel):
+    """VARIANT flips only after the H200 numbers of benchmarks/symmetric_kernel.py say so (issue 13)."""
+    assert kernel.VARIANT == "base" and set(VARIANTS) == set(kernel.VARIANTS)
+
+
+def test_a_default_variant_that_fails_to_compile_falls_back_to_base(kernel, monkeypatch):
+    """A default (VARIANT) that this triton cannot compile warns once and runs "base" from then on; a
+    variant named in the call raises."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resources: shared memory")
+
+    x = stack(1, 32, 32)
+    monkeypatch.setattr(kernel, "_launch_descriptors", broken)
+    monkeypatch.setattr(kernel, "BROKEN", {})
+    monkeypatch.setattr(kernel, "VARIANT", "tma")
+    if not kernel.descriptors_available():
+        pytest.skip("no tensor descriptors in this triton: tma resolves to base")
+    with pytest.warns(UserWarning, match="running 'base'"):
+        got = kernel.symmetric_baddbmm(None, x, x.mT, **tiles(kernel))
+    assert_one_rounding(got, x.float() @ x.float().mT, torch.float16)
+    assert "tma" in kernel.BROKEN and kernel.resolve(None, None, x, x.mT) == "base"
+    with pytest.raises(RuntimeError, match="out of resources"):
+        kernel.symmetric_baddbmm(None, x, x.mT, **tiles(kernel), variant="tma")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the --quick smoke run is the interpreter's")
+def test_the_benchmark_runs_quick(kernel, capsys):
+    """benchmarks/symmetric_kernel.py --quick: every row measured, checked against the plain product."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "symmetric_kernel.py"
+    spec = importlib.util.spec_from_file_location("symmetric_kernel_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick", "--variants", "base,tma,rect", "--shapes", "0,1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| X") or line.startswith("| A")]
+    assert len(rows) == 2 * 5 and not any("failed" in line for line in rows), out
+    assert "fastest" in out and "| NO |" not in out

@@ -1,0 +1,243 @@
+"""Time the Triton symmetric-product kernel's variants (optimizers/symmetric_triton.py, issue 13) against
+cuBLAS's full product, on the stacks of the 24-layer step.
+
+    python benchmarks/symmetric_kernel.py [--reps 10] [--variants base,rect,...] [--shapes 0,1,2,3] [--no-sweep]
+                                          [--deadline 170]
+    TRITON_INTERPRET=1 python benchmarks/symmetric_kernel.py --quick     # CPU smoke run (tiny shapes)
+
+Shapes (bf16): (96, 4096, 4096) X Xᵀ; (72, 4096, 11008) X Xᵀ; (96, 4096, 4096) beta A + alpha A·A
+(baddbmm); (72, 4096, 4096) beta R + alpha R·R (baddbmm, as in Gram Newton-Schulz). All four stacks are
+made first, with cuBLAS's full product (torch.bmm / torch.baddbmm) timed on each; then
+optimizers/symmetric.py's torch row blocks, then each kernel variant (PASSES order, likeliest winners
+first; then SWEEP, other warps/stages of the descriptor variants; last warp specialization, after a
+summary) on every shape. Each row is timed by CUDA events, median of --reps after a warm-up call, and
+printed as measured (flushed, so a crash keeps the rows before it): ms, the first call's seconds
+(compilation included), "exec" TFLOP/s (the multiply-adds the row runs: the full product for cuBLAS,
+the computed tiles for the kernel), "equiv" TFLOP/s (the full product's FLOPs over the time), the
+speedup over cuBLAS, max |got - cuBLAS| / max |cuBLAS|, and the mirror: "exact" (the result equals its
+transpose bitwise), "tiles" (every tile above the diagonal tiles is the exact transpose of its mirror,
+diagonal tiles computed whole: the base kernel), or "NO". "ran" names the variant that ran where it
+fell back (optimizers.symmetric_triton.resolve). A failure (compile, launch) is printed in its row and
+the run goes on; rows not started by --deadline seconds are printed as skipped. The summary names, per
+shape, the fastest kernel row whose difference is within 4 bf16 roundings of cuBLAS's largest entry
+and whose mirror holds, and its speedup over cuBLAS and over "base". Exit status 0 when every shape
+has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from optimizers import symmetric  # noqa: E402
+
+SHAPES = [  # (label, batch, m, k, kind): kind "gram" is X Xᵀ, "poly" is beta C + alpha C·C
+    ("X Xᵀ 96x4096x4096", 96, 4096, 4096, "gram"),
+    ("X Xᵀ 72x4096x11008", 72, 4096, 11008, "gram"),
+    ("A + A·A 96x4096x4096", 96, 4096, 4096, "poly"),
+    ("R + R·R 72x4096x4096", 72, 4096, 4096, "poly"),
+]
+QUICK_SHAPES = [("X Xᵀ 2x40x72", 2, 40, 72, "gram"), ("A + A·A 2x48x48", 2, 48, 48, "poly"),
+                ("X Xᵀ 2x33x47 (masked)", 2, 33, 47, "gram")]
+BETA, ALPHA = -4.775, 2.0315
+PASSES = [["base", "rect", "tma", "persistent", "even"], ["persistent-flat"], ["persistent-ws"]]
+"""Variant order: the likeliest winners first (a --deadline cut drops the last); the sweep runs before
+the last pass, warp specialization, the one most likely to fail (a summary is printed before it)."""
+SWEEP = [("rect", 8, 4), ("rect", 8, 2), ("tma", 8, 4), ("tma", 4, 4), ("persistent", 8, 4)]
+"""(variant, warps, stages) beyond each variant's own launch (--no-sweep skips them)."""
+
+
+def operands(batch, m, k, kind, device, dtype, seed=0):
+    """(input or None, a, b) for the product; spectral norms about 1 (no overflow in C·C)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(batch, m, k, generator=g, device=device, dtype=dtype) / (m ** 0.5 + k ** 0.5)
+    if kind == "gram":
+        return None, x, x.mT
+    c = torch.bmm(x, x.mT)
+    c = (c + c.mT) / 2  # bitwise symmetric: the sum commutes
+    del x
+    return c, c, c
+
+
+def cublas(input, a, b):
+    return torch.bmm(a, b) if input is None else torch.baddbmm(input, a, b, beta=BETA, alpha=ALPHA)
+
+
+def timed(fn, reps, device, warmup=2):
+    """(median ms of `reps` calls after `warmup` calls, last result)."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times), out
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        del out
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out
+
+
+def mirror(got, tile):
+    if torch.equal(got, got.mT):
+        return "exact"
+    m = got.size(-1)
+    for lo in range(0, m, tile):
+        hi = min(lo + tile, m)
+        if not torch.equal(got[:, lo:hi, hi:], got[:, hi:, lo:hi].mT):
+            return "NO"
+    return "tiles"
+
+
+def tiles_computed(kernel, name, m, tile):
+    """Entries (in tile_m x tile_n tiles) the variant computes, as a fraction of m²."""
+    v = kernel.VARIANTS[name]
+    pairs = kernel.pair_list(-(-m // tile), 1, v.tile_n)
+    return len(pairs) * tile * tile * v.tile_n / (m * m)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--variants", default=None, help="comma-separated variant names (default: all, in PASSES order)")
+    p.add_argument("--shapes", default=None, help="comma-separated indices into the shape list")
+    p.add_argument("--no-sweep", action="store_true", help="skip the other warps/stages of the descriptor variants")
+    p.add_argument("--deadline", type=float, default=170.0, help="seconds: rows not started by then are skipped")
+    p.add_argument("--quick", action="store_true", help="CPU smoke run under TRITON_INTERPRET=1, tiny shapes")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    args = p.parse_args(argv)
+    started = time.time()
+    if args.quick:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        from optimizers import symmetric_triton as kernel  # noqa: PLC0415 - optional: needs triton
+    except ImportError as e:
+        print(f"no triton: {e}")
+        return 1
+    import triton  # noqa: PLC0415
+
+    device = torch.device("cpu" if args.quick or not torch.cuda.is_available() else "cuda")
+    if device.type == "cpu" and not kernel.interpreted():
+        print("no GPU: run with --quick (TRITON_INTERPRET=1)")
+        return 1
+    # the interpreter's bf16 tl.dot is wrong (tests/test_symmetric_triton.py): fp16 on CPU
+    dtype = torch.float16 if device.type == "cpu" or args.dtype == "fp16" else torch.bfloat16
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.shapes:
+        shapes = [shapes[int(i)] for i in args.shapes.split(",")]
+    names = args.variants.split(",") if args.variants else None
+    passes = [[(n, None, None) for n in group if names is None or n in names] for group in PASSES]
+    if names is not None:  # named variants outside PASSES (new ones) run in the first pass
+        passes[0] += [(n, None, None) for n in names if not any(n in g for g in PASSES)]
+    if not args.no_sweep and not args.quick:
+        passes.insert(-1, [r for r in SWEEP if names is None or r[0] in names])
+    tile, tile_k = (16, 16) if args.quick else (kernel.TILE, kernel.TILE_K)
+    reps, warmup = (1, 1) if args.quick else (args.reps, 2)
+    print(f"# symmetric product kernel variants: torch {torch.__version__}, triton {triton.__version__}, "
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU (interpreter)'}, {dtype}, "
+          f"tensor descriptors: {kernel.descriptors_available()}, VARIANT = {kernel.VARIANT!r}", flush=True)
+    print("| shape | row | ran | ms | first call s | exec TFLOP/s | equiv TFLOP/s | x cuBLAS | max rel diff | mirror |",
+          flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+
+    cases = []  # per shape: label, operands, alpha, full FLOPs, cuBLAS ms and result, error bound, results
+    for label, batch, m, k, kind in shapes:
+        input, a, b = operands(batch, m, k, kind, device, dtype)
+        alpha = 1.0 if input is None else ALPHA  # X Xᵀ: the plain product (bmm)
+        full = 2.0 * batch * m * m * k
+        ms_ref, ref = timed(lambda: cublas(input, a, b), reps, device, warmup)
+        scale = ref.float().abs().max().item()
+        print(f"| {label} | cuBLAS | {'bmm' if input is None else 'baddbmm'} | {ms_ref:.2f} | | "
+              f"{full / ms_ref / 1e9:.0f} | {full / ms_ref / 1e9:.0f} | 1.00 | 0 | {mirror(ref, tile)} |", flush=True)
+        cases.append(dict(label=label, m=m, input=input, a=a, b=b, alpha=alpha, full=full, ms_ref=ms_ref, ref=ref,
+                          scale=scale, bound=4 * torch.finfo(dtype).eps, results=[]))
+
+    failures = skipped = 0
+
+    def row(case, tag, ran, fn, exec_fraction):
+        nonlocal failures
+        label, full, ms_ref = case["label"], case["full"], case["ms_ref"]
+        t0 = time.time()
+        try:
+            first = fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            first_s = time.time() - t0
+            del first
+            ms, got = timed(fn, reps, device, max(0, warmup - 1))
+        except Exception as e:  # noqa: BLE001 - a variant that cannot compile or launch is a row, not the end
+            failures += 1
+            text = str(e).strip().splitlines()
+            print(f"| {label} | {tag} | {ran} | failed: {type(e).__name__}: {text[0][:160] if text else ''} "
+                  f"| | | | | | |", flush=True)
+            return
+        diff = (got.float() - case["ref"].float()).abs().max().item() / case["scale"]
+        mir = mirror(got, tile)
+        del got
+        print(f"| {label} | {tag} | {ran} | {ms:.2f} | {first_s:.1f} | {exec_fraction * full / ms / 1e9:.0f} | "
+              f"{full / ms / 1e9:.0f} | {ms_ref / ms:.2f} | {diff:.2e} | {mir} |", flush=True)
+        case["results"].append((ms, tag, ran, diff, mir))
+
+    def summary(title):
+        print(f"\n{title}", flush=True)
+        ok = True
+        for case in cases:
+            passing = sorted(r for r in case["results"] if r[1] != "torch row blocks" and r[3] <= case["bound"]
+                             and r[4] != "NO")
+            base = [r for r in case["results"] if r[1] == "base"]
+            if not passing:
+                ok = False
+                print(f"{case['label']}: no kernel row passed")
+                continue
+            ms, tag, ran = passing[0][:3]
+            vs_base = f", {base[0][0] / ms:.2f}x base" if base else ""
+            print(f"{case['label']}: fastest {tag}{'' if ran == tag.split(' ')[0] else f' (ran {ran})'} at "
+                  f"{ms:.2f} ms ({case['ms_ref'] / ms:.2f}x cuBLAS{vs_base})", flush=True)
+        print(f"total {time.time() - started:.0f} s, {failures} failed rows, {skipped} skipped rows", flush=True)
+        return ok
+
+    for case in cases:  # the torch row blocks (optimizers/symmetric.py) once per shape
+        m, input, a, b, alpha = case["m"], case["input"], case["a"], case["b"], case["alpha"]
+        block = symmetric.BLOCK if m >= 2 * symmetric.BLOCK else max(1, m // 4)
+        nb = symmetric.blocks(m, block)
+        row(case, "torch row blocks", f"{nb} blocks",
+            lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block), (nb + 1) / (2 * nb))
+    ok = True
+    for number, runs in enumerate(passes):
+        if number == len(passes) - 1 and runs:  # the risky last pass (warp specialization) after a summary
+            ok = summary("summary before the last pass (warp specialization):")
+        for name, warps, stages in runs:
+            tag = name if warps is None else f"{name} (warps {warps}, stages {stages})"
+            for case in cases:
+                if time.time() - started > args.deadline:
+                    skipped += 1
+                    print(f"| {case['label']} | {tag} | | skipped: past --deadline {args.deadline:.0f} s | | | | | | |",
+                          flush=True)
+                    continue
+                input, a, b, alpha = case["input"], case["a"], case["b"], case["alpha"]
+                ran = kernel.resolve(name, input, a, b, tile, tile_k)
+                fn = (lambda name=name, warps=warps, stages=stages, input=input, a=a, b=b, alpha=alpha:
+                      kernel.symmetric_baddbmm(input, a, b, BETA, alpha, tile=tile, tile_k=tile_k, variant=name,
+                                               warps=warps, stages=stages))
+                row(case, tag, ran, fn, tiles_computed(kernel, ran, case["m"], tile))
+    return 0 if summary("summary:") and ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
