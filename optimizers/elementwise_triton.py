@@ -19,6 +19,8 @@ TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 import triton
 import triton.language as tl
@@ -71,16 +73,40 @@ _EXACT = {} if interpreted() else dict(enable_fp_fusion=False)
 """Launch options: separate roundings where the kernel's source writes them separately."""
 
 
-def _table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+TABLES = 256
+"""Device-side address tables kept (least recently used dropped first)."""
+
+_TABLES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+
+def _table(values: list[int], device: torch.device) -> torch.Tensor:
+    """`values` as an int64 tensor on `device`, cached by value: the same parameters, buffers and (from the
+    caching allocator) gradients come back every step, and a copy from pageable host memory would make the
+    host wait for the GPU. A new table is copied from pinned memory, asynchronously."""
+    key = (str(device), *values)
+    table = _TABLES.get(key)
+    if table is None:
+        host = torch.tensor(values, dtype=torch.int64)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        table = _TABLES[key] = host.to(device, non_blocking=True)
+        if len(_TABLES) > TABLES:
+            _TABLES.popitem(last=False)
+    else:
+        _TABLES.move_to_end(key)
+    return table
+
+
+def _addresses(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return _table([t.data_ptr() for t in tensors], device)
 
 
 def momentum_(bufs: list[torch.Tensor], grads: list[torch.Tensor], mu: float) -> None:
     """M <- mu M + G for every pair, in place (fp32, contiguous, same numel pairwise): one launch."""
     device = bufs[0].device
-    numels = torch.tensor([b.numel() for b in bufs], dtype=torch.int64, device=device)
+    numels = _table([b.numel() for b in bufs], device)
     programs = min(PROGRAMS, triton.cdiv(max(b.numel() for b in bufs), BLOCK))
-    _momentum[(programs, len(bufs))](_table(bufs, device), _table(grads, device), numels, float(mu),
+    _momentum[(programs, len(bufs))](_addresses(bufs, device), _addresses(grads, device), numels, float(mu),
                                      BLOCK=BLOCK, **_EXACT)
 
 
@@ -90,6 +116,6 @@ def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | No
     row-major order is the parameter's): one launch. decay None: no decay product."""
     batch, rows, cols = matrices.shape
     grid = (triton.cdiv(rows, TILE_R) * triton.cdiv(cols, TILE_C), batch)
-    _apply[grid](_table(params, matrices.device), matrices, batch // len(params), rows, cols, *matrices.stride(),
+    _apply[grid](_addresses(params, matrices.device), matrices, batch // len(params), rows, cols, *matrices.stride(),
                  1.0 if decay is None else float(decay), float(alpha), HAS_DECAY=decay is not None,
                  TILE_R=TILE_R, TILE_C=TILE_C, **_EXACT)

@@ -82,14 +82,11 @@ STATS = GramStats()
 class DeferredChecks:
     """The divergence checks of Gram results computed inside `deferred_checks()` (a CUDA-graph capture,
     where the host cannot read a flag): one device flag per call, true when any of its matrices
-    diverged, and how many matrices the calls computed. Whoever replays checks `diverged()` and, if
-    true, recomputes the whole update eagerly (where the fallback runs)."""
+    diverged, and how many matrices the calls computed. Whoever replays reads the flags (optimizers/graphs.py,
+    `PlanGraphs.settle`) and, if one is true, recomputes the whole update eagerly (where the fallback runs)."""
 
     flags: list[torch.Tensor] = field(default_factory=list)
     matrices: int = 0
-
-    def diverged(self) -> bool:
-        return bool(torch.stack(self.flags).any()) if self.flags else False
 
 
 _DEFERRED: list[DeferredChecks] = []

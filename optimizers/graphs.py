@@ -14,8 +14,9 @@ Muon's whole-matrix select and `orthogonalize_group` (Muon, NorMuon), with an or
 `CAPTURED` and at most `MAX_NUMEL` elements per stack (above that the GPU is the bound and a graph
 would only hold memory). Gram Newton–Schulz reads a divergence flag on the host, which a graph
 cannot: under capture it records the flag on the device instead (gram_newton_schulz.deferred_checks),
-and after each replay the flags are read (one synchronisation per megabatch, as eager has); if any
-matrix diverged, the whole update is recomputed eagerly, where the standard-iteration fallback runs.
+and the flags of every replay of a step are read together before their results are applied (one
+synchronisation per step, where eager has one per megabatch: `PlanGraphs.settle`); if any matrix of a
+megabatch diverged, its whole update is recomputed eagerly, where the standard-iteration fallback runs.
 Not captured: SVD (cuSOLVER checks its info on the host) and every other algorithm; these run
 eagerly as before. A graph replays exactly the kernels the eager call runs, on the same inputs, so
 its result is the eager one bit for bit.
@@ -76,8 +77,8 @@ def stacked_block(members: list[torch.Tensor]) -> torch.Tensor | None:
 
 class Graphed:
     """`update` captured for stacks of one shape, dtype and device: `run(directions)` stacks them into
-    the input buffer, replays, and returns the output buffer (valid until the next replay), or None when
-    a Gram result of the replay diverged (the caller then recomputes the update eagerly)."""
+    the input buffer, replays, and returns the output buffer (valid until the next replay); with `checked`,
+    the replay's Gram divergence flags must be read before that output is used (PlanGraphs.settle)."""
 
     def __init__(self, update: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor,
                  pool: tuple, static: bool = False) -> None:
@@ -102,26 +103,54 @@ class Graphed:
     def _replay(self) -> None:
         self.graph.replay()
 
-    def run(self, directions: list[torch.Tensor]) -> torch.Tensor | None:
+    def run(self, directions: list[torch.Tensor]) -> torch.Tensor:
+        """Replay on `directions`; the output is checked later (`checked`, `PlanGraphs.settle`)."""
         if not self.static:
             torch.stack(directions, out=self.input)
         self._replay()
         self.replays += 1
-        if self.checks.diverged():
-            return None
-        gram.STATS.gram += self.checks.matrices
         return self.output
+
+    @property
+    def checked(self) -> bool:
+        """True when the replay records divergence flags (Gram Newton–Schulz) to read before its output is used."""
+        return bool(self.checks.flags)
 
 
 class PlanGraphs:
     """The graphs of one plan, by (group index, megabatch index); `None` marks an eager megabatch
-    (not capturable, or its capture failed). `armed` turns true after the plan's first step."""
+    (not capturable, or its capture failed). `armed` turns true after the plan's first step.
+
+    A replay whose graph records Gram divergence flags is `pending` until `settle` reads the flags of every
+    pending replay of the step at once: one host synchronisation per step, not one per megabatch (the
+    caller applies a pending result only after `settle`; each graph's output buffer holds it until then)."""
 
     def __init__(self) -> None:
         self.graphs: dict[tuple[int, int], Graphed | None] = {}
         self.armed = False
         self.pool: tuple | None = None
         self.failures: list[str] = []
+        self._pending: dict[tuple[int, int], tuple[Graphed, Callable[[torch.Tensor], torch.Tensor]]] = {}
+
+    def pending(self, key: tuple[int, int]) -> bool:
+        """True when megabatch `key`'s result of this step waits for `settle`."""
+        return key in self._pending
+
+    def settle(self) -> dict[tuple[int, int], torch.Tensor]:
+        """Read the divergence flags of every pending replay (one synchronisation); returns, for each
+        megabatch whose Gram result diverged, its update recomputed eagerly (where the standard-iteration
+        fallback runs). The others' outputs stand, and their matrices are counted in gram.STATS."""
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return {}
+        flags = torch.stack([torch.stack(g.checks.flags).any() for g, _ in pending.values()]).tolist()
+        out = {}
+        for (key, (graphed, update)), diverged in zip(pending.items(), flags):
+            if diverged:
+                out[key] = update(graphed.input)
+            else:
+                gram.STATS.gram += graphed.checks.matrices
+        return out
 
     def run(self, key: tuple[int, int], update: Callable[[torch.Tensor], torch.Tensor],
             directions: list[torch.Tensor], eligible: Callable[[torch.Tensor], bool]) -> torch.Tensor:
@@ -133,8 +162,7 @@ class PlanGraphs:
         if graphed and graphed.static and block is not graphed.input:  # not the captured block: eager
             return update(torch.stack(directions))
         if graphed:
-            out = graphed.run(directions)
-            return update(graphed.input) if out is None else out
+            return self._replayed(key, graphed, update, directions)
         stack = torch.stack(directions) if block is None else block
         if graphed is None or not self.armed:
             return update(stack)
@@ -150,5 +178,11 @@ class PlanGraphs:
             self.failures.append(f"megabatch {key}: {type(exc).__name__}: {exc}")
             return update(stack)
         self.graphs[key] = graphed
+        return self._replayed(key, graphed, update, directions)
+
+    def _replayed(self, key: tuple[int, int], graphed: Graphed, update: Callable[[torch.Tensor], torch.Tensor],
+                  directions: list[torch.Tensor]) -> torch.Tensor:
         out = graphed.run(directions)
-        return update(graphed.input) if out is None else out
+        if graphed.checked:
+            self._pending[key] = (graphed, update)
+        return out

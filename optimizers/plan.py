@@ -18,9 +18,10 @@ step and which shape nothing, are checked on every step instead (groups.check_sc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -112,9 +113,11 @@ def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | 
 
 def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: PlanGraphs | None = None) -> None:
     """Run every group's stages (optimizers/algorithms/base.py) as planned; with `graphs`, the
-    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py). The stock
+    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py), and those whose
+    Gram divergence flags wait (`PlanGraphs.pending`) are applied after the step's one `settle`. The stock
     `momentum_direction` and `decoupled_apply` stages run batched (`momentum_directions`,
     `decoupled_apply_all`: torch._foreach_* passes, the per-parameter bits); replaced stages run as given."""
+    waiting: list[tuple[tuple[int, int], Callable[[torch.Tensor], None], torch.Tensor]] = []
     for index, plan in enumerate(plans):
         algorithm, group = plan.algorithm, plan.group
         if algorithm.elementwise:
@@ -131,37 +134,62 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
         else:
             directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in zip(plan.params, entries)}
         for number, batch in enumerate(plan.megabatches):
-            matrix_update = algorithm.matrix_update(group, batch.shape)
-            members = [directions[p] for p in batch.params]
-            if batch.layout is not None:
-                updates = algorithm.exchange(torch.stack(members), batch.layout, matrix_update)
-            elif graphs is not None:
-                updates = graphs.run((index, number), matrix_update, members,
-                                     lambda stack: graph_eligible(algorithm, group, stack))
-            else:
-                block = stacked_block(members) if reads_only(algorithm) else None
-                stack = torch.stack(members) if block is None else block
+            key, members = (index, number), [directions[p] for p in batch.params]
+            direct = None
+            if batch.layout is None:
                 fused = elementwise.applies([distributed.local(p) for p in batch.params])
-                direct = direct_dtype(algorithm, group, stack, fused)
-                if direct is not None:  # the compute-dtype result, applied as it is (direct_dtype)
-                    matrices = orthogonalize_group(as_matrices(stack, group["flatten"]), group, direct)
-                    scale = algorithm.lr_scale(batch.shape, group)
-                    if not fused_apply(batch.params, matrices, group, scale):
-                        for p, update in zip(batch.params, matrices.reshape(stack.shape).unbind(0)):
-                            decoupled_apply(distributed.local(p), update, {}, group, scale)
-                    continue
-                updates = matrix_update(stack)
-            entries = [state[p] for p in batch.params]
-            updates = algorithm.postprocess(updates, entries, group)
-            scale = algorithm.lr_scale(batch.shape, group)
-            if algorithm.apply is decoupled_apply:  # the same bits, in one or two foreach passes (or one fused)
-                matrices = updates.reshape(updates.size(0), updates.size(1), -1)
-                if not fused_apply(batch.params, matrices, group, scale):
-                    decoupled_apply_all([distributed.local(p) for p in batch.params], list(updates.unbind(0)),
-                                        group, scale)
+                direct = direct_dtype(algorithm, group, members[0], fused)
+            if direct is not None:  # the compute-dtype result, applied as it is (direct_dtype)
+                def update(stack: torch.Tensor, dtype: torch.dtype = direct) -> torch.Tensor:
+                    return orthogonalize_group(as_matrices(stack, group["flatten"]), group, dtype)
+                finish = functools.partial(_apply_direct, algorithm, group, batch)
+            else:
+                update = algorithm.matrix_update(group, batch.shape)
+                finish = functools.partial(_apply, algorithm, group, batch, state)
+            if batch.layout is not None:
+                finish(algorithm.exchange(torch.stack(members), batch.layout, update))
                 continue
-            for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
-                algorithm.apply(distributed.local(p), update, entry, group, scale)
+            result = _single_process(update, members, key, algorithm, group, graphs)
+            if graphs is not None and graphs.pending(key):
+                waiting.append((key, finish, result))
+            else:
+                finish(result)
+    if waiting:
+        recomputed = graphs.settle()
+        for key, finish, result in waiting:
+            finish(recomputed.get(key, result))
+
+
+def _apply_direct(algorithm: Algorithm, group: dict[str, Any], batch: Megabatch, matrices: torch.Tensor) -> None:
+    """Apply a megabatch's orthogonalized `matrices` [B, m, n], in the compute dtype (direct_dtype)."""
+    scale = algorithm.lr_scale(batch.shape, group)
+    if not fused_apply(batch.params, matrices, group, scale):
+        for p, update in zip(batch.params, matrices.reshape((len(batch.params),) + batch.shape).unbind(0)):
+            decoupled_apply(distributed.local(p), update, {}, group, scale)
+
+
+def _apply(algorithm: Algorithm, group: dict[str, Any], batch: Megabatch, state: dict[torch.Tensor, Any],
+           updates: torch.Tensor) -> None:
+    """The algorithm's postprocess and apply stages on a megabatch's `updates` [N, *shape]."""
+    entries = [state[p] for p in batch.params]
+    updates = algorithm.postprocess(updates, entries, group)
+    scale = algorithm.lr_scale(batch.shape, group)
+    if algorithm.apply is decoupled_apply:  # the same bits, in one or two foreach passes (or one fused)
+        if not fused_apply(batch.params, updates.flatten(2), group, scale):
+            decoupled_apply_all([distributed.local(p) for p in batch.params], list(updates.unbind(0)), group, scale)
+        return
+    for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
+        algorithm.apply(distributed.local(p), update, entry, group, scale)
+
+
+def _single_process(update: Any, members: list[torch.Tensor], key: tuple[int, int], algorithm: Algorithm,
+                    group: dict[str, Any], graphs: PlanGraphs | None) -> torch.Tensor:
+    """`update` of one process's megabatch `members`: replayed from a CUDA graph (`graphs`), or run on
+    their momentum block where it may read it in place (`stacked_block`), else on their stack."""
+    if graphs is not None:
+        return graphs.run(key, update, members, lambda stack: graph_eligible(algorithm, group, stack))
+    block = stacked_block(members) if reads_only(algorithm) else None
+    return update(torch.stack(members) if block is None else block)
 
 
 def fused_apply(params: tuple[torch.Tensor, ...], matrices: torch.Tensor, group: dict[str, Any], scale: float) -> bool:
@@ -191,7 +219,7 @@ DIRECT_APPLY_NUMEL = 1 << 22
 """Parameters of at least this many elements apply a half-precision result directly (`direct_dtype`)."""
 
 
-def direct_dtype(algorithm: Algorithm, group: dict[str, Any], stack: torch.Tensor, fused: bool = False
+def direct_dtype(algorithm: Algorithm, group: dict[str, Any], member: torch.Tensor, fused: bool = False
                  ) -> torch.dtype | None:
     """The compute dtype when Muon's own stages (read-only matrix stages, no postprocess, the decoupled
     apply) may apply the orthogonalized result in it, without casting it back first: bf16/fp16 results of
@@ -210,12 +238,12 @@ def direct_dtype(algorithm: Algorithm, group: dict[str, Any], stack: torch.Tenso
     if (not reads_only(algorithm) or algorithm.postprocess is not no_postprocess
             or algorithm.apply is not decoupled_apply or group["num_heads"] is not None
             or group["orthogonalizer"] == "svd"  # computed in fp32/fp64 whatever the compute dtype
-            or stack.dtype not in FOREACH_DTYPES or (not fused and stack[0].numel() < DIRECT_APPLY_NUMEL)):
+            or member.dtype not in FOREACH_DTYPES or (not fused and member.numel() < DIRECT_APPLY_NUMEL)):
         return None
-    compute = group["compute_dtype"] or default_compute_dtype(stack.device)
+    compute = group["compute_dtype"] or default_compute_dtype(member.device)
     if compute not in (torch.bfloat16, torch.float16):
         return None
-    rows, cols = as_matrices(stack[:1], group["flatten"]).shape[-2:]
+    rows, cols = as_matrices(member.unsqueeze(0), group["flatten"]).shape[-2:]
     if group["orthogonalizer"] == "gram_newton_schulz" and iteration_dtype(compute) != compute and rows != cols:
         return iteration_dtype(compute) if fused else None  # (square matrices take the standard iteration)
     return compute if fused or rows <= cols else None

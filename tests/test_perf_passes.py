@@ -174,7 +174,7 @@ def test_a_large_wide_result_is_applied_in_the_compute_dtype_with_the_same_bits(
         runs.append((params, opt))
     (cast, _), (direct, _) = runs
     assert all(torch.equal(p, q) for p, q in zip(cast, direct))
-    example = torch.zeros(2, 5, 12)
+    example = torch.zeros(5, 12)  # one member
     group = {**runs[1][1].param_groups[0], "orthogonalizer": "polar_express"}
     assert plan.direct_dtype(MUON_RECORD, group, example) == compute
     gram = {**group, "orthogonalizer": "gram_newton_schulz"}  # bf16 iterates in fp16: a shape-dependent dtype
@@ -184,6 +184,14 @@ def test_a_large_wide_result_is_applied_in_the_compute_dtype_with_the_same_bits(
     assert plan.direct_dtype(MUON_RECORD, {**group, "compute_dtype": torch.float32}, example) is None
     assert plan.direct_dtype(NORMUON_RECORD, group, example) is None  # a postprocess reads the result
     assert plan.direct_dtype(MUON_RECORD, {**group, "orthogonalizer": "svd"}, example) is None  # svd: fp32 result
+    # the fused apply (optimizers/elementwise.py) reads tall results where they lie, at every size, and a Gram
+    # result in its iteration dtype (square matrices take the standard iteration, in the compute dtype)
+    monkeypatch.setattr(plan, "DIRECT_APPLY_NUMEL", 1 << 62)
+    assert plan.direct_dtype(MUON_RECORD, group, example) is None
+    assert plan.direct_dtype(MUON_RECORD, group, example.mT.contiguous(), fused=True) == compute
+    assert plan.direct_dtype(MUON_RECORD, gram, example, fused=True) == torch.float16
+    assert plan.direct_dtype(MUON_RECORD, gram, torch.zeros(7, 7), fused=True) == compute
+    assert plan.direct_dtype(NORMUON_RECORD, group, example, fused=True) is None
 
 
 from optimizers.algorithms import MUON as MUON_RECORD, NORMUON as NORMUON_RECORD  # noqa: E402
