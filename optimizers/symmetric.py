@@ -10,8 +10,8 @@ the exact mirror, where a full product is symmetric only up to rounding.
 
 Stacks with fewer than `2 * BLOCK` rows take one plain product: below that a row block is too
 small to keep a GPU's tensor cores busy. Pure torch, every device; with `TRITON` set, bf16/fp16
-stacks on CUDA take instead the Triton kernel of optimizers/symmetric_triton.py (upper tiles only,
-one launch), when triton is installed.
+stacks of `TRITON_ROWS` rows or more on CUDA take instead the Triton kernel of
+optimizers/symmetric_triton.py (upper tiles only, one launch), when triton is installed.
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ MAX_BLOCKS = 4
 """Block count cap: 4 blocks compute 5/8 of the product; more blocks save less per extra launch."""
 
 TRITON = False
-"""Opt-in: products that would be split into blocks run the Triton kernel instead where it can
-(bf16/fp16 on CUDA, triton installed); benchmarks/gpu_step.py's "triton symmetric" rows measure it."""
+"""Opt-in: products of at least TRITON_ROWS rows run the Triton kernel instead where it can (bf16/fp16
+on CUDA, triton installed); benchmarks/gpu_step.py's "triton symmetric" rows measure it."""
+
+TRITON_ROWS = 2 * BLOCK
+"""Rows from which the Triton kernel takes a product (with TRITON)."""
 
 
 def blocks(m: int, block: int | None = None) -> int:
@@ -54,12 +57,12 @@ def _lower_blocks(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, 
                   block: int | None) -> torch.Tensor:
     """beta * input + alpha * (a @ b) (input None: alpha * (a @ b)) by row blocks, mirrored."""
     m = a.size(-2)
+    kernel = triton_kernel() if TRITON and m >= TRITON_ROWS else None
+    if kernel is not None and kernel.usable(a):
+        return kernel.symmetric_baddbmm(input, a, b, beta, alpha)
     k = blocks(m, block)
     if k == 1:
         return torch.bmm(a, b) if input is None else torch.baddbmm(input, a, b, beta=beta, alpha=alpha)
-    kernel = triton_kernel() if TRITON else None
-    if kernel is not None and kernel.usable(a):
-        return kernel.symmetric_baddbmm(input, a, b, beta, alpha)
     edges = [i * m // k for i in range(k + 1)]
     out = torch.empty(a.shape[:-1] + (m,), dtype=a.dtype, device=a.device)
     for lo, hi in zip(edges, edges[1:]):
