@@ -27,6 +27,7 @@ has one.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -47,6 +48,8 @@ SHAPES = [  # (label, batch, m, k, kind): kind "gram" is X Xᵀ, "poly" is beta 
 QUICK_SHAPES = [("X Xᵀ 2x40x72", 2, 40, 72, "gram"), ("A + A·A 2x48x48", 2, 48, 48, "poly"),
                 ("X Xᵀ 2x33x47 (masked)", 2, 33, 47, "gram")]
 BETA, ALPHA = -4.775, 2.0315
+CARRIED = "SYMMETRIC_KERNEL_ROWS"
+"""Environment variable that carries the rows measured before a restart into the new process's summary."""
 PASSES = [["base", "rect", "tma", "persistent", "even"], ["persistent-flat"], ["persistent-ws"]]
 """Variant order: the likeliest winners first (a --deadline cut drops the last); the sweep runs before
 the last pass, warp specialization, the one most likely to fail (a summary is printed before it)."""
@@ -121,7 +124,11 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=170.0, help="seconds: rows not started by then are skipped")
     p.add_argument("--quick", action="store_true", help="CPU smoke run under TRITON_INTERPRET=1, tiny shapes")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--skip", default="", help="';'-separated row tags not to run (a restart passes those done)")
+    p.add_argument("--restarts", type=int, default=0, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    skip = {t for t in args.skip.split(";") if t}
     started = time.time()
     if args.quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -156,6 +163,7 @@ def main(argv=None) -> int:
           flush=True)
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
 
+    carried = json.loads(os.environ.get(CARRIED, "{}"))  # rows measured before a restart
     cases = []  # per shape: label, operands, alpha, full FLOPs, cuBLAS ms and result, error bound, results
     for label, batch, m, k, kind in shapes:
         input, a, b = operands(batch, m, k, kind, device, dtype)
@@ -166,12 +174,15 @@ def main(argv=None) -> int:
         print(f"| {label} | cuBLAS | {'bmm' if input is None else 'baddbmm'} | {ms_ref:.2f} | | "
               f"{full / ms_ref / 1e9:.0f} | {full / ms_ref / 1e9:.0f} | 1.00 | 0 | {mirror(ref, tile)} |", flush=True)
         cases.append(dict(label=label, m=m, input=input, a=a, b=b, alpha=alpha, full=full, ms_ref=ms_ref, ref=ref,
-                          scale=scale, bound=4 * torch.finfo(dtype).eps, results=[]))
+                          scale=scale, bound=4 * torch.finfo(dtype).eps,
+                          results=[tuple(r) for r in carried.get(label, [])]))
 
-    failures = skipped = 0
+    failures = 0
 
     def row(case, tag, ran, fn, exec_fraction):
         nonlocal failures
+        if tag in skip:
+            return
         label, full, ms_ref = case["label"], case["full"], case["ms_ref"]
         t0 = time.time()
         try:
@@ -186,6 +197,8 @@ def main(argv=None) -> int:
             text = str(e).strip().splitlines()
             print(f"| {label} | {tag} | {ran} | failed: {type(e).__name__}: {text[0][:160] if text else ''} "
                   f"| | | | | | |", flush=True)
+            if device.type == "cuda" and not cuda_alive():
+                raise ContextLost(tag) from e
             return
         diff = (got.float() - case["ref"].float()).abs().max().item() / case["scale"]
         mir = mirror(got, tile)
@@ -209,21 +222,60 @@ def main(argv=None) -> int:
             vs_base = f", {base[0][0] / ms:.2f}x base" if base else ""
             print(f"{case['label']}: fastest {tag}{'' if ran == tag.split(' ')[0] else f' (ran {ran})'} at "
                   f"{ms:.2f} ms ({case['ms_ref'] / ms:.2f}x cuBLAS{vs_base})", flush=True)
-        print(f"total {time.time() - started:.0f} s, {failures} failed rows, {skipped} skipped rows", flush=True)
+        print(f"total {time.time() - started:.0f} s, {failures} failed rows", flush=True)
         return ok
 
-    for case in cases:  # the torch row blocks (optimizers/symmetric.py) once per shape
-        m, input, a, b, alpha = case["m"], case["input"], case["a"], case["b"], case["alpha"]
-        block = symmetric.BLOCK if m >= 2 * symmetric.BLOCK else max(1, m // 4)
-        nb = symmetric.blocks(m, block)
-        row(case, "torch row blocks", f"{nb} blocks",
-            lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block), (nb + 1) / (2 * nb))
     ok = True
+    started_tags = ["torch row blocks"]
+    try:
+        for case in cases:  # the torch row blocks (optimizers/symmetric.py) once per shape
+            m, input, a, b, alpha = case["m"], case["input"], case["a"], case["b"], case["alpha"]
+            block = symmetric.BLOCK if m >= 2 * symmetric.BLOCK else max(1, m // 4)
+            nb = symmetric.blocks(m, block)
+            row(case, "torch row blocks", f"{nb} blocks",
+                lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block), (nb + 1) / (2 * nb))
+        ok = run_passes(passes, cases, started_tags, row, summary, skip, args, started, kernel, tile, tile_k)
+    except ContextLost as lost:  # an illegal address (say) leaves this process's CUDA context unusable
+        if args.restarts >= 3:
+            print(f"CUDA context lost after {lost.args[0]!r}; no more restarts", flush=True)
+            return 1
+        left = args.deadline - (time.time() - started)
+        print(f"\nCUDA context lost after {lost.args[0]!r}: restarting in a new process without the rows "
+              f"run so far ({left:.0f} s of --deadline left; the rows above stay)\n", flush=True)
+        os.environ[CARRIED] = json.dumps({case["label"]: case["results"] for case in cases})
+        rest = [a for i, a in enumerate(argv) if not (a.startswith(("--skip", "--deadline", "--restarts"))
+                                                      or (i and argv[i - 1] in ("--skip", "--deadline", "--restarts")))]
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *rest,
+                                  "--skip", ";".join(sorted(skip | set(started_tags))),
+                                  "--deadline", f"{max(left, 30):.0f}", "--restarts", str(args.restarts + 1)])
+    return 0 if summary("summary:") and ok else 1
+
+
+class ContextLost(Exception):
+    """A row's failure left the CUDA context unusable (the rows after it need a new process)."""
+
+
+def cuda_alive() -> bool:
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").item() == 1.0
+    except Exception:  # noqa: BLE001 - any CUDA error here means the context is gone
+        return False
+
+
+def run_passes(passes, cases, started_tags, row, summary, skip, args, started, kernel, tile, tile_k) -> bool:
+    """Every (variant, warps, stages) of `passes` on every case, under --deadline; False when the
+    interim summary found a shape with no passing row."""
+    ok = True
+    skipped = 0
     for number, runs in enumerate(passes):
         if number == len(passes) - 1 and runs:  # the risky last pass (warp specialization) after a summary
             ok = summary("summary before the last pass (warp specialization):")
         for name, warps, stages in runs:
             tag = name if warps is None else f"{name} (warps {warps}, stages {stages})"
+            if tag in skip:
+                continue
+            started_tags.append(tag)
             for case in cases:
                 if time.time() - started > args.deadline:
                     skipped += 1
@@ -236,7 +288,9 @@ def main(argv=None) -> int:
                       kernel.symmetric_baddbmm(input, a, b, BETA, alpha, tile=tile, tile_k=tile_k, variant=name,
                                                warps=warps, stages=stages))
                 row(case, tag, ran, fn, tiles_computed(kernel, ran, case["m"], tile))
-    return 0 if summary("summary:") and ok else 1
+    if skipped:
+        print(f"{skipped} rows skipped past --deadline", flush=True)
+    return ok
 
 
 if __name__ == "__main__":
