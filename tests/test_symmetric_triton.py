@@ -152,12 +152,14 @@ def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (a 4 GiB stack)")
 def test_a_batch_offset_past_int32_is_addressed_in_int64(kernel):
     """The second matrix of this stack starts 2^31 elements in (as the 48th of 4096 x 11008 bf16 does):
-    int32 batch offsets wrapped and faulted (an illegal memory access on an H200, 72 x 4096 x 11008)."""
+    int32 batch offsets wrapped and faulted (an illegal memory access on an H200, 72 x 4096 x 11008).
+    Every variant (the descriptor ones: a 4 GiB batch stride in the descriptor, int64 masked stores)."""
     buffer = torch.zeros(2**31 + 256 * 128, dtype=torch.bfloat16, device="cuda")
     a = buffer.as_strided((2, 256, 128), (2**31, 128, 1))
     a.copy_(stack(2, 256, 128, seed=7, dtype=torch.bfloat16))
     exact = torch.bmm(a.float(), a.float().mT)
-    assert_one_rounding(kernel.symmetric_baddbmm(None, a, a.mT), exact, torch.bfloat16)
+    for variant in VARIANTS:
+        assert_one_rounding(kernel.symmetric_baddbmm(None, a, a.mT, variant=variant), exact, torch.bfloat16)
 
 
 def test_a_matrix_past_int32_offsets_is_not_usable(kernel):
