@@ -6,7 +6,8 @@ cuBLAS's full product, on the stacks of the 24-layer step.
     TRITON_INTERPRET=1 python benchmarks/symmetric_kernel.py --quick     # CPU smoke run (tiny shapes)
 
 Shapes (bf16): (96, 4096, 4096) X Xᵀ; (72, 4096, 11008) X Xᵀ; (96, 4096, 4096) beta A + alpha A·A
-(baddbmm); (72, 4096, 4096) beta R + alpha R·R (baddbmm, as in Gram Newton-Schulz). All four stacks are
+(baddbmm); (72, 4096, 4096) beta R + alpha R·R (baddbmm, as in Gram Newton-Schulz); (36, 4096, 11008)
+X Xᵀ with X a transposed view (stored by columns, as the transpose of a tall matrix). All stacks are
 made first, with cuBLAS's full product (torch.bmm / torch.baddbmm) timed on each; then
 optimizers/symmetric.py's torch row blocks, then each kernel variant (PASSES order, likeliest winners
 first; then SWEEP, other warps/stages of the descriptor variants; last warp specialization, after a
@@ -39,14 +40,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from optimizers import symmetric  # noqa: E402
 
-SHAPES = [  # (label, batch, m, k, kind): kind "gram" is X Xᵀ, "poly" is beta C + alpha C·C
+SHAPES = [  # (label, batch, m, k, kind): "gram" is X Xᵀ, "gram-t" the same with X a transposed view (a tall
+    # matrix's transpose, as Gram Newton-Schulz orients it), "poly" is beta C + alpha C·C
     ("X Xᵀ 96x4096x4096", 96, 4096, 4096, "gram"),
     ("X Xᵀ 72x4096x11008", 72, 4096, 11008, "gram"),
     ("A + A·A 96x4096x4096", 96, 4096, 4096, "poly"),
     ("R + R·R 72x4096x4096", 72, 4096, 4096, "poly"),
+    ("X Xᵀ 36x4096x11008, X by columns", 36, 4096, 11008, "gram-t"),
 ]
 QUICK_SHAPES = [("X Xᵀ 2x40x72", 2, 40, 72, "gram"), ("A + A·A 2x48x48", 2, 48, 48, "poly"),
-                ("X Xᵀ 2x33x47 (masked)", 2, 33, 47, "gram")]
+                ("X Xᵀ 2x33x47 (masked)", 2, 33, 47, "gram"), ("X Xᵀ 2x40x72, X by columns", 2, 40, 72, "gram-t")]
 BETA, ALPHA = -4.775, 2.0315
 CARRIED = "SYMMETRIC_KERNEL_ROWS"
 """Environment variable that carries the rows measured before a restart into the new process's summary."""
@@ -60,6 +63,9 @@ SWEEP = [("rect", 8, 4), ("rect", 8, 2), ("tma", 8, 4), ("tma", 4, 4), ("persist
 def operands(batch, m, k, kind, device, dtype, seed=0):
     """(input or None, a, b) for the product; spectral norms about 1 (no overflow in C·C)."""
     g = torch.Generator(device=device).manual_seed(seed)
+    if kind == "gram-t":
+        x = torch.randn(batch, k, m, generator=g, device=device, dtype=dtype).mT / (m ** 0.5 + k ** 0.5)
+        return None, x, x.mT
     x = torch.randn(batch, m, k, generator=g, device=device, dtype=dtype) / (m ** 0.5 + k ** 0.5)
     if kind == "gram":
         return None, x, x.mT

@@ -13,7 +13,7 @@ Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call 
   - "even": the same with no masks where m and k are multiples of the tiles;
   - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
     triton.tools.tensor_descriptor.TensorDescriptor; a transposed view b = xᵀ is read by x's rows and
-    fed as tl.trans), stores by TMA, tiles in L2 groups of 8 row blocks; its diagonal tiles store their
+    fed as tl.trans; likewise an a stored by columns), stores by TMA, tiles in L2 groups of 8 row blocks; its diagonal tiles store their
     upper half and its transpose, so the whole result is bitwise symmetric;
   - "rect": as "tma" with 128 x 256 tiles: row block i against column block j wherever the column block
     reaches the diagonal (272 tiles of 128 x 256 at m = 4096, 0.53 of the full product); a tile wholly
@@ -132,7 +132,7 @@ def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
 @triton.jit
 def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, pair, batch, m, k,
                      scb, scm, scn, sob, som, son, alpha, beta,
-                     HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr,
+                     HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr,
                      TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_R: tl.constexpr):
     """One tile (row block ti of TILE_M rows, column block tj of TILE_N columns) by TMA loads."""
     ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
@@ -140,7 +140,10 @@ def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_pt
     c0 = tj * TILE_N
     acc = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
     for k0 in range(0, k, TILE_R):
-        a = a_desc.load([batch, r0, k0]).reshape(TILE_M, TILE_R)
+        if A_T:  # a's columns are contiguous (a transposed view): load the [TILE_R, TILE_M] block of aᵀ
+            a = tl.trans(a_desc.load([batch, k0, r0]).reshape(TILE_R, TILE_M))
+        else:
+            a = a_desc.load([batch, r0, k0]).reshape(TILE_M, TILE_R)
         if B_T:  # b's rows are its columns: load the row-major [TILE_N, TILE_R] block of bᵀ, feed it transposed
             b = b_desc.load([batch, c0, k0]).reshape(TILE_N, TILE_R)
             acc = tl.dot(a, tl.trans(b), acc)
@@ -179,23 +182,25 @@ def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_pt
 @triton.jit
 def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, n_pairs, n_batch, m, k,
                      scb, scm, scn, sob, som, son, alpha, beta,
-                     HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr, PERSISTENT: tl.constexpr,
+                     HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr,
+                     PERSISTENT: tl.constexpr,
                      TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr):
     if PERSISTENT:  # PROGRAMS programs (one per SM), each looping over (batch, pair) with a stride
         for t in range(tl.program_id(0), n_pairs * n_batch, PROGRAMS):
             _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
                              t % n_pairs, t // n_pairs, m, k, scb, scm, scn, sob, som, son, alpha, beta,
-                             HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+                             HAS_C, A_T, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
     else:
         _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
                          tl.program_id(0), tl.program_id(1), m, k, scb, scm, scn, sob, som, son, alpha, beta,
-                         HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+                         HAS_C, A_T, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
 
 
 @triton.jit
 def _upper_tiles_loop(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, n_pairs, n_batch, m,
                       k, scb, scm, scn, sob, som, son, alpha, beta,
-                      HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr, TILE_M: tl.constexpr,
+                      HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr,
+                      TILE_M: tl.constexpr,
                       TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
                       WS: tl.constexpr):
     # the persistent loop as tl.range(flatten=...): the compiler pipelines the next tile's loads
@@ -203,7 +208,7 @@ def _upper_tiles_loop(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_p
     for t in tl.range(tl.program_id(0), n_pairs * n_batch, PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
         _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
                          t % n_pairs, t // n_pairs, m, k, scb, scm, scn, sob, som, son, alpha, beta,
-                         HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+                         HAS_C, A_T, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
 
 
 _PAIRS: dict[tuple, torch.Tensor] = {}
@@ -285,6 +290,11 @@ except (TypeError, ValueError):  # pragma: no cover - depends on the installed t
     _RANGE_OPTIONS = frozenset()
 
 
+def _by_columns(t: torch.Tensor) -> bool:
+    """`t`'s matrices are stored by columns (a transposed view): the descriptor spans tᵀ's rows."""
+    return t.stride(-2) == 1 and t.stride(-1) != 1
+
+
 def _descriptor_ok(t: torch.Tensor) -> bool:
     """A 3-D TMA descriptor can span `t`: last stride 1, other strides and the base 16-byte aligned."""
     size = t.element_size()
@@ -296,7 +306,7 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
             tile: int | None = None, tile_k: int | None = None) -> str:
     """The variant that runs for `name` (default VARIANT) on these operands: a descriptor variant
     falls back to "base" where triton has no tensor descriptors or an operand's strides do not suit
-    TMA (a's rows, b's rows or columns, input's rows contiguous and 16-byte aligned); "even" runs
+    TMA (a's and b's rows or columns, input's rows contiguous and 16-byte aligned); "even" runs
     the masked path ("base") where m or k is not a multiple of the tiles."""
     if name is None:
         name = VARIANT if VARIANT not in BROKEN else "base"
@@ -308,8 +318,9 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
     if v.even and (m % tile or k % tile_k):
         return "base"
     if v.descriptors:
-        b_rows = b.mT if b.stride(-2) == 1 and b.stride(-1) != 1 else b
-        if (not descriptors_available() or not (_descriptor_ok(a) and _descriptor_ok(b_rows))
+        a_rows = a.mT if _by_columns(a) else a
+        b_rows = b.mT if _by_columns(b) else b
+        if (not descriptors_available() or not (_descriptor_ok(a_rows) and _descriptor_ok(b_rows))
                 or (m * a.element_size()) % 16):  # the output's rows (the product's own, contiguous)
             return "base"
         if input is not None and not _descriptor_ok(input):
@@ -369,9 +380,13 @@ def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stag
 def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile_k, extra) -> None:
     batch, m, k = a.shape
     tile_n = tile * v.tile_n
-    b_t = b.stride(-2) == 1 and b.stride(-1) != 1
+    a_t, b_t = _by_columns(a), _by_columns(b)
     desc = _TensorDescriptor
-    a_desc = desc(a, list(a.shape), list(a.stride()), [1, tile, tile_k])
+    if a_t:
+        at = a.mT
+        a_desc = desc(at, list(at.shape), list(at.stride()), [1, tile_k, tile])
+    else:
+        a_desc = desc(a, list(a.shape), list(a.stride()), [1, tile, tile_k])
     if b_t:
         bt = b.mT
         b_desc = desc(bt, list(bt.shape), list(bt.stride()), [1, tile_n, tile_k])
@@ -389,7 +404,7 @@ def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile
         programs, grid = 1, (n_pairs, batch)
     args = (a_desc, b_desc, c_desc, out_desc, out_t_desc, c, out, pairs, n_pairs, batch, m, k,
             *c.stride(), *out.stride(), float(alpha), float(beta))
-    shape = dict(HAS_C=input is not None, B_T=b_t, TRIANGLE=v.tile_n != 1, TILE_M=tile, TILE_N=tile_n,
+    shape = dict(HAS_C=input is not None, A_T=a_t, B_T=b_t, TRIANGLE=v.tile_n != 1, TILE_M=tile, TILE_N=tile_n,
                  TILE_R=tile_k, PROGRAMS=programs)
     if v.loop:
         _upper_tiles_loop[grid](*args, **shape, FLATTEN=v.loop == "flatten", WS=v.loop == "warp_specialize",

@@ -92,6 +92,21 @@ def test_gram_matrix_by_upper_tiles(kernel, b, m, k, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_gram_matrix_of_a_stack_stored_by_columns(kernel, variant):
+    """X Xᵀ for X a transposed view (a tall matrix's transpose, as Gram Newton-Schulz orients it): the
+    descriptor variants read Xᵀ's rows (both operands by columns) instead of falling back to "base"."""
+    for dtype in dtypes():
+        shape = (2, 72, 40) if kernel.interpreted() else (2, 4608, 320)
+        x = stack(*shape, seed=5, dtype=dtype).mT
+        if kernel.VARIANTS[variant].descriptors and kernel.descriptors_available():
+            assert kernel.resolve(variant, None, x, x.mT, **tiles(kernel)) == variant
+        got = product(kernel, None, x, x.mT, **tiles(kernel), variant=variant)
+        assert_one_rounding(got, x.float() @ x.float().mT, dtype)
+        assert_mirrored(got, tiles(kernel).get("tile", kernel.TILE))
+        assert_exact_mirror(got, kernel, variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("m", [40, 48])
 def test_polynomial_products_with_input(kernel, variant, m):
     """beta R + alpha R R and a product of two commuting symmetric matrices (R and bR + cR²), by each
