@@ -13,8 +13,9 @@ Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call 
   - "even": the same with no masks where m and k are multiples of the tiles;
   - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
     triton.tools.tensor_descriptor.TensorDescriptor; a transposed view b = xᵀ is read by x's rows and
-    fed as tl.trans; likewise an a stored by columns), stores by TMA, tiles in L2 groups of 8 row blocks; its diagonal tiles store their
-    upper half and its transpose, so the whole result is bitwise symmetric;
+    fed as tl.trans; likewise an a stored by columns), stores by TMA, tiles in L2 groups of 8 row
+    blocks; its diagonal tiles store their upper half and its transpose, so the whole result is bitwise
+    symmetric;
   - "rect": as "tma" with 128 x 256 tiles: row block i against column block j wherever the column block
     reaches the diagonal (272 tiles of 128 x 256 at m = 4096, 0.53 of the full product); a tile wholly
     above the diagonal stores itself and its transpose by TMA, a tile across it stores entry (r, c) for
@@ -241,7 +242,8 @@ class Variant:
     pointer loads); `even`: unmasked pointer loads where the shape allows; `tile_n`: columns per tile
     in units of `tile` (2: rectangular 128 x 256 tiles, stored by their upper triangle); `persistent`:
     one program per SM looping over the tiles, with `loop` "flatten" or "warp_specialize" as a tl.range
-    of that option (triton >= 3.4 / 3.5); `group`: row blocks per L2 group of the tile order."""
+    of that option (triton >= 3.4 / 3.5); `group`: row blocks per L2 group of the tile order;
+    `warps`, `stages`: the launch (None: WARPS, STAGES, read at the call)."""
 
     descriptors: bool = False
     even: bool = False
@@ -249,8 +251,8 @@ class Variant:
     persistent: bool = False
     loop: str = ""
     group: int = 0
-    warps: int = 8
-    stages: int = 3
+    warps: int | None = None
+    stages: int | None = None
 
 
 VARIANTS = {
@@ -367,7 +369,8 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
 def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stages) -> None:
     batch, m, k = a.shape
     c = out if input is None else input
-    extra = {} if interpreted() else dict(num_warps=warps or v.warps, num_stages=stages or v.stages)
+    extra = {} if interpreted() else dict(num_warps=warps or v.warps or WARPS,
+                                          num_stages=stages or v.stages or STAGES)
     if not v.descriptors:
         pairs = _pairs(triton.cdiv(m, tile), a.device)
         _upper_tiles[(pairs.shape[0], batch)](

@@ -112,7 +112,8 @@ def test_polynomial_products_with_input(kernel, variant, m):
     """beta R + alpha R R and a product of two commuting symmetric matrices (R and bR + cR²), by each
     variant: b not transposed (its rows loaded as they are), an input C; m = 40 cuts the last tiles."""
     for dtype in dtypes():
-        x = stack(2, m, 64, seed=1, dtype=dtype) if kernel.interpreted() else stack(2, 51 * m, 4096, seed=1, dtype=dtype)
+        shape = (2, m, 64) if kernel.interpreted() else (2, 51 * m, 4096)
+        x = stack(*shape, seed=1, dtype=dtype)
         # spectral norm about 1, as Gram NS's iterates have: a Gaussian m x k has ||x||_2 ~ sqrt(m) + sqrt(k).
         # (Frobenius-normalised at 2048 x 4096, R R held fp16 subnormals, spacing 6e-8 above the bound.)
         x = x / (x.size(-2) ** 0.5 + x.size(-1) ** 0.5)
@@ -227,7 +228,8 @@ def test_variants_fall_back_where_they_cannot_run(kernel, monkeypatch):
     assert kernel.resolve("even", None, stack(1, 32, 40), stack(1, 32, 40).mT, **t) == "base"
     aligned, odd_k, odd_m = stack(1, 40, 72), stack(1, 40, 70), stack(1, 36, 72)
     for name in ("tma", "rect", "persistent"):
-        assert kernel.resolve(name, None, aligned, aligned.mT, **t) == (name if kernel.descriptors_available() else "base")
+        runs = name if kernel.descriptors_available() else "base"
+        assert kernel.resolve(name, None, aligned, aligned.mT, **t) == runs
         assert kernel.resolve(name, None, odd_k, odd_k.mT, **t) == "base"  # 70 x 2 bytes per row
         assert kernel.resolve(name, None, odd_m, odd_m.mT, **t) == "base"  # the output's rows: 36 x 2 bytes
         c = stack(1, 40, 40)
