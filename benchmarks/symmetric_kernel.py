@@ -228,6 +228,20 @@ def main(argv=None) -> int:
             vs_base = f", {base[0][0] / ms:.2f}x base" if base else ""
             print(f"{case['label']}: fastest {tag}{'' if ran == tag.split(' ')[0] else f' (ran {ran})'} at "
                   f"{ms:.2f} ms ({case['ms_ref'] / ms:.2f}x cuBLAS{vs_base})", flush=True)
+        # one constant (VARIANT) serves every shape: the row tag that passed on all of them in the least
+        # total time, with "ran" the tag's own variant on each (no fallback)
+        totals: dict[str, float] = {}
+        for tag in {r[1] for case in cases for r in case["results"]} - {"torch row blocks"}:
+            rows = [[r for r in case["results"] if r[1] == tag and r[3] <= case["bound"] and r[4] != "NO"
+                     and r[2] == tag.split(" ")[0]] for case in cases]
+            if all(rows):
+                totals[tag] = sum(r[0][0] for r in rows)
+        if totals:
+            best = min(totals, key=totals.get)
+            base = f", base {totals['base']:.1f} ms ({totals['base'] / totals[best]:.2f}x)" if "base" in totals else ""
+            print(f"over all shapes: {best} {totals[best]:.1f} ms{base}, cuBLAS "
+                  f"{sum(case['ms_ref'] for case in cases):.1f} ms -> VARIANT = {best.split(' ')[0]!r}"
+                  f"{' with its warps/stages' if ' ' in best else ''}", flush=True)
         print(f"total {time.time() - started:.0f} s, {failures} failed rows", flush=True)
         return ok
 

@@ -280,4 +280,4 @@ def test_the_benchmark_runs_quick(kernel, capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| X") or line.startswith("| A")]
     assert len(rows) == 2 * 5 and not any("failed" in line for line in rows), out
-    assert "fastest" in out and "| NO |" not in out
+    assert "fastest" in out and "| NO |" not in out and "-> VARIANT = " in out
