@@ -117,8 +117,7 @@ def mirror(got, tile):
 def tiles_computed(kernel, name, m, tile):
     """Entries (in tile_m x tile_n tiles) the variant computes, as a fraction of m²."""
     v = kernel.VARIANTS[name]
-    pairs = kernel.pair_list(-(-m // tile), 1, v.tile_n)
-    return len(pairs) * tile * tile * v.tile_n / (m * m)
+    return len(kernel.pair_list(-(-m // tile), v.tile_n)) * tile * tile * v.tile_n / (m * m)
 
 
 def main(argv=None) -> int:

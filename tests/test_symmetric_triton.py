@@ -199,24 +199,27 @@ def test_a_matrix_past_int32_offsets_is_not_usable(kernel):
     assert kernel.usable(stack(1, 32, 16)) and not kernel.usable(stack(1, 32, 16).float())
 
 
-@pytest.mark.parametrize("m, tile_m, tile_n", [(4096, 128, 128), (4096, 128, 256), (40, 16, 32), (33, 16, 32),
-                                               (48, 16, 16), (300, 128, 256)])
+@pytest.mark.parametrize("m, tile, ratio", [(4096, 128, 1), (4096, 128, 2), (40, 16, 2), (33, 16, 2), (48, 16, 1),
+                                            (300, 128, 2), (96, 16, 2)])
 @pytest.mark.parametrize("group", [0, 8])
-def test_tile_pairs_cover_the_upper_triangle_once(kernel, m, tile_m, tile_n, group):
-    """Every entry (r, c), c >= r, lies in exactly one listed tile (rectangular tiles store their
-    upper triangle: the entry's one writer); the grouped order is a permutation of the row-major one."""
-    pairs = kernel.pair_list(m, tile_m, tile_n, group)
-    assert sorted(pairs) == kernel.pair_list(m, tile_m, tile_n) and len(set(pairs)) == len(pairs)
-    r = torch.arange(m)
-    tile_of = (r[:, None] // tile_m) * m + (r[None, :] // tile_n)  # the one tile holding (r, c)
-    listed = torch.tensor([i * m + j for i, j in pairs])
-    upper = r[:, None] <= r[None, :]
-    assert torch.isin(tile_of[upper], listed).all()
-    if tile_n == tile_m:  # square tiles: exactly the T (T + 1) / 2 upper tiles
-        t = -(-m // tile_m)
-        assert len(pairs) == t * (t + 1) // 2
-    if (m, tile_m, tile_n) == (4096, 128, 256):
-        assert len(pairs) == 272  # 544 of the 1024 128 x 128 units: 0.53 of the full product
+def test_tile_pairs_cover_the_upper_triangle_once(kernel, m, tile, ratio, group):
+    """Every entry (r, c), c >= r, lies in exactly one listed tile (row block i, columns u * tile +
+    [0, ratio * tile)), each row's first tile starts on the diagonal, and the grouped order is a
+    permutation of the row-major one."""
+    tiles = -(-m // tile)
+    pairs = kernel.pair_list(tiles, ratio, group)
+    assert sorted(pairs) == kernel.pair_list(tiles, ratio) and len(set(pairs)) == len(pairs)
+    assert all(i <= u < tiles for i, u in pairs) and {i for i, u in pairs if u == i} == set(range(tiles))
+    cover = torch.zeros(tiles * tile, tiles * tile + ratio * tile, dtype=torch.int32)
+    for i, u in pairs:
+        cover[i * tile:(i + 1) * tile, u * tile:(u + ratio) * tile] += 1
+    upper = torch.ones(m, m, dtype=torch.bool).triu()
+    assert (cover[:m, :m][upper] == 1).all()
+    if ratio == 1:  # square tiles: exactly the T (T + 1) / 2 upper tiles
+        assert len(pairs) == tiles * (tiles + 1) // 2
+    if (m, tile, ratio) == (4096, 128, 2):
+        assert len(pairs) == 272  # 544 of the 1024 128 x 128 squares: 0.53 of the full product
+        assert kernel._pairs(tiles, torch.device("cpu"), ratio, group).shape == (272, 2)
 
 
 def test_variants_fall_back_where_they_cannot_run(kernel, monkeypatch):
