@@ -237,7 +237,8 @@ def main(argv=None) -> int:
                 totals[tag] = sum(r[0][0] for r in rows)
         if totals:
             best = min(totals, key=totals.get)
-            base = f", base {totals['base']:.1f} ms ({totals['base'] / totals[best]:.2f}x)" if "base" in totals else ""
+            base = (f", base {totals['base']:.1f} ms ({totals['base'] / totals[best]:.2f}x)"
+                    if "base" in totals and best != "base" else "")
             print(f"over all shapes: {best} {totals[best]:.1f} ms{base}, cuBLAS "
                   f"{sum(case['ms_ref'] for case in cases):.1f} ms -> VARIANT = {best.split(' ')[0]!r}"
                   f"{' with its warps/stages' if ' ' in best else ''}", flush=True)
