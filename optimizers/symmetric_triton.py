@@ -13,12 +13,13 @@ Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call 
   - "even": the same with no masks where m and k are multiples of the tiles;
   - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
     triton.tools.tensor_descriptor.TensorDescriptor; a transposed view b = xᵀ is read by x's rows and
-    fed as tl.trans), stores by TMA, tiles in L2 groups of 8 row blocks; its diagonal tiles store their
-    upper half and its transpose, so the whole result is bitwise symmetric;
-  - "rect": as "tma" with 128 x 256 tiles: row block i against column block j wherever the column block
-    reaches the diagonal (272 tiles of 128 x 256 at m = 4096, 0.53 of the full product); a tile wholly
-    above the diagonal stores itself and its transpose by TMA, a tile across it stores entry (r, c) for
-    c >= r and its transpose for c > r by masked stores: one writer per entry, an exact mirror;
+    fed as tl.trans; likewise an a stored by columns), stores by TMA, tiles in L2 groups of 8 row
+    blocks; a diagonal tile's lower half is the transpose of its upper half, so the whole result is
+    bitwise symmetric;
+  - "rect": as "tma" with 128 x 256 tiles: row block i against column blocks (u, u + 1) for u = i,
+    i + 2, ... (272 tiles at m = 4096, 0.53 of the full product), so a row's first tile starts on the
+    diagonal and every other square lies above it; the epilogue stores the two 128 x 128 squares and
+    their transposes by TMA, with no branch (the diagonal square symmetrised as in "tma");
   - "persistent": "rect" with one program per SM looping over (batch, tile); "persistent-flat" and
     "persistent-ws" loop by tl.range(flatten=True) / tl.range(warp_specialize=True).
 A descriptor variant runs "base" where this triton has no tensor descriptors or an operand's rows are
@@ -130,17 +131,20 @@ def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
 
 
 @triton.jit
-def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, pair, batch, m, k,
-                     scb, scm, scn, sob, som, son, alpha, beta,
-                     HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr,
+def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, pair, batch, k, alpha, beta,
+                     HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
                      TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_R: tl.constexpr):
-    """One tile (row block ti of TILE_M rows, column block tj of TILE_N columns) by TMA loads."""
-    ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
+    """Tile (ti, tu): rows ti * TILE_M + [0, TILE_M) against columns tu * TILE_M + [0, TILE_N), tu >= ti,
+    by TMA loads; stored with its transpose by TMA, in TILE_M x TILE_M squares."""
+    ti, tu = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
     r0 = ti * TILE_M
-    c0 = tj * TILE_N
+    c0 = tu * TILE_M
     acc = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
     for k0 in range(0, k, TILE_R):
-        a = a_desc.load([batch, r0, k0]).reshape(TILE_M, TILE_R)
+        if A_T:  # a's columns are contiguous (a transposed view): load the [TILE_R, TILE_M] block of aᵀ
+            a = tl.trans(a_desc.load([batch, k0, r0]).reshape(TILE_R, TILE_M))
+        else:
+            a = a_desc.load([batch, r0, k0]).reshape(TILE_M, TILE_R)
         if B_T:  # b's rows are its columns: load the row-major [TILE_N, TILE_R] block of bᵀ, feed it transposed
             b = b_desc.load([batch, c0, k0]).reshape(TILE_N, TILE_R)
             acc = tl.dot(a, tl.trans(b), acc)
@@ -151,82 +155,71 @@ def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_pt
     if HAS_C:  # TMA zero-fills past the matrix's edge
         acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_N).to(tl.float32)
     result = acc.to(out_ptr.dtype.element_ty)
-    if TRIANGLE:
-        # a TILE_M x TILE_N tile (ti, tj) whose column block reaches the diagonal
-        if c0 >= r0 + TILE_M:  # wholly above the diagonal: the tile and its transpose, by TMA
-            out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
-            out_t_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_N, TILE_M))
-        else:  # straddling it: (r, c) for c >= r, its transpose at (c, r) for c > r (one writer per entry)
-            rows = r0 + tl.arange(0, TILE_M)
-            cols = c0 + tl.arange(0, TILE_N)
-            bb = batch.to(tl.int64)
-            upper = (rows[:, None] <= cols[None, :]) & (cols[None, :] < m)
-            tl.store(out_ptr + bb * sob + rows[:, None] * som + cols[None, :] * son, result, mask=upper)
-            strict = (rows[:, None] < cols[None, :]) & (cols[None, :] < m)
-            tl.store(out_ptr + bb * sob + cols[:, None] * som + rows[None, :] * son, tl.trans(result),
-                     mask=tl.trans(strict))
-    else:
-        # square tiles (TILE_N == TILE_M), ti <= tj; TMA clips the stores at the matrix's edge
-        if ti == tj:  # the diagonal tile's lower half as the exact transpose of its upper half
-            idx = tl.arange(0, TILE_M)
-            result = tl.where(idx[:, None] <= idx[None, :], result, tl.trans(result))
-            out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
-        else:
-            out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_N))
-            out_t_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_N, TILE_M))
+    # the first square of a row's first tile (tu == ti) is a diagonal block: its lower half is replaced
+    # by the transpose of its upper half, so the block and its transposed store are the same bits (TMA
+    # writes the block twice, identically); every other square lies wholly above the diagonal. No
+    # branch: the same code for every tile (the persistent loop's options want a plain body).
+    idx = tl.arange(0, TILE_M)
+    lower = (idx[:, None] > idx[None, :]) & (tu == ti)
+    if TILE_N == TILE_M:
+        left = tl.where(lower, tl.trans(result), result)
+        out_desc.store([batch, r0, c0], left.reshape(1, TILE_M, TILE_M))
+        out_desc.store([batch, c0, r0], tl.trans(left).reshape(1, TILE_M, TILE_M))
+    else:  # TILE_N == 2 * TILE_M: the left and right squares (stores past the matrix's edge are clipped)
+        left, right = tl.split(tl.permute(tl.reshape(result, (TILE_M, 2, TILE_M)), (0, 2, 1)))
+        left = tl.where(lower, tl.trans(left), left)
+        out_desc.store([batch, r0, c0], left.reshape(1, TILE_M, TILE_M))
+        out_desc.store([batch, r0, c0 + TILE_M], right.reshape(1, TILE_M, TILE_M))
+        out_desc.store([batch, c0, r0], tl.trans(left).reshape(1, TILE_M, TILE_M))
+        out_desc.store([batch, c0 + TILE_M, r0], tl.trans(right).reshape(1, TILE_M, TILE_M))
 
 
 @triton.jit
-def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, n_pairs, n_batch, m, k,
-                     scb, scm, scn, sob, som, son, alpha, beta,
-                     HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr, PERSISTENT: tl.constexpr,
-                     TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr):
+def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, n_pairs, n_batch, k, alpha, beta,
+                     HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TILE_M: tl.constexpr,
+                     TILE_N: tl.constexpr, TILE_R: tl.constexpr, PERSISTENT: tl.constexpr, PROGRAMS: tl.constexpr):
     if PERSISTENT:  # PROGRAMS programs (one per SM), each looping over (batch, pair) with a stride
         for t in range(tl.program_id(0), n_pairs * n_batch, PROGRAMS):
-            _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
-                             t % n_pairs, t // n_pairs, m, k, scb, scm, scn, sob, som, son, alpha, beta,
-                             HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+            _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, t % n_pairs, t // n_pairs, k,
+                             alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_N, TILE_R)
     else:
-        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
-                         tl.program_id(0), tl.program_id(1), m, k, scb, scm, scn, sob, som, son, alpha, beta,
-                         HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, tl.program_id(0), tl.program_id(1),
+                         k, alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_N, TILE_R)
 
 
 @triton.jit
-def _upper_tiles_loop(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr, n_pairs, n_batch, m,
-                      k, scb, scm, scn, sob, som, son, alpha, beta,
-                      HAS_C: tl.constexpr, B_T: tl.constexpr, TRIANGLE: tl.constexpr, TILE_M: tl.constexpr,
+def _upper_tiles_loop(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, n_pairs, n_batch, k, alpha, beta,
+                      HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TILE_M: tl.constexpr,
                       TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
                       WS: tl.constexpr):
     # the persistent loop as tl.range(flatten=...): the compiler pipelines the next tile's loads
     # across this tile's epilogue; warp_specialize: producer and consumer warps (triton >= 3.5)
     for t in tl.range(tl.program_id(0), n_pairs * n_batch, PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
-        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_t_desc, c_ptr, out_ptr, pairs_ptr,
-                         t % n_pairs, t // n_pairs, m, k, scb, scm, scn, sob, som, son, alpha, beta,
-                         HAS_C, B_T, TRIANGLE, TILE_M, TILE_N, TILE_R)
+        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, t % n_pairs, t // n_pairs, k,
+                         alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_N, TILE_R)
 
 
 _PAIRS: dict[tuple, torch.Tensor] = {}
 
 
-def pair_list(m: int, tile_m: int, tile_n: int, group: int = 0) -> list[tuple[int, int]]:
-    """(i, j): row block i (tile_m rows) against column block j (tile_n columns) wherever the column
-    block reaches the diagonal (it holds a column c >= some row r of the row block), for an m x m
-    product. Square tiles: i <= j. Order: row-major, or with `group` > 0 in groups of `group` row
-    blocks, column by column within a group (tiles in flight together share their operands in L2)."""
-    rows, cols = -(-m // tile_m), -(-m // tile_n)
-    needed = [(i, j) for i in range(rows) for j in range(cols) if (j + 1) * tile_n - 1 >= i * tile_m]
+def pair_list(tiles: int, ratio: int = 1, group: int = 0) -> list[tuple[int, int]]:
+    """(i, u) for the tiles of an m x m product cut into `tiles` blocks of TILE rows: row block i against
+    the `ratio` column blocks from u on, u = i, i + ratio, ... < tiles; each entry on or above the
+    diagonal lies in exactly one tile, and a row's first tile starts on the diagonal. ratio 1: the
+    T (T + 1) / 2 square tiles i <= u; ratio 2: 128 x 256 tiles (272 at T = 32, 0.53 of the product).
+    Order: row-major, or with `group` > 0 in groups of `group` row blocks, column by column within a
+    group (tiles in flight together share their operands in L2)."""
+    needed = [(i, u) for i in range(tiles) for u in range(i, tiles, ratio)]
     if group <= 0:
         return needed
     return sorted(needed, key=lambda p: (p[0] // group, p[1], p[0]))
 
 
-def _pairs(tiles: int, device: torch.device, tile_n_ratio: int = 1, group: int = 0) -> torch.Tensor:
-    """pair_list for `tiles` row blocks (cached per device) as an int32 [P, 2] tensor on `device`."""
-    key = (tiles, str(device), tile_n_ratio, group)
+def _pairs(tiles: int, device: torch.device, ratio: int = 1, group: int = 0) -> torch.Tensor:
+    """pair_list as an int32 [P, 2] tensor on `device` (cached)."""
+    key = (tiles, str(device), ratio, group)
     if key not in _PAIRS:
-        pairs = pair_list(tiles * tile_n_ratio, 1, tile_n_ratio, group)
-        _PAIRS[key] = torch.tensor(pairs, dtype=torch.int32, device=device)
+        _PAIRS[key] = torch.tensor(pair_list(tiles, ratio, group), dtype=torch.int32, device=device)
     return _PAIRS[key]
 
 
@@ -236,7 +229,8 @@ class Variant:
     pointer loads); `even`: unmasked pointer loads where the shape allows; `tile_n`: columns per tile
     in units of `tile` (2: rectangular 128 x 256 tiles, stored by their upper triangle); `persistent`:
     one program per SM looping over the tiles, with `loop` "flatten" or "warp_specialize" as a tl.range
-    of that option (triton >= 3.4 / 3.5); `group`: row blocks per L2 group of the tile order."""
+    of that option (triton >= 3.4 / 3.5); `group`: row blocks per L2 group of the tile order;
+    `warps`, `stages`: the launch (None: WARPS, STAGES, read at the call)."""
 
     descriptors: bool = False
     even: bool = False
@@ -244,8 +238,8 @@ class Variant:
     persistent: bool = False
     loop: str = ""
     group: int = 0
-    warps: int = 8
-    stages: int = 3
+    warps: int | None = None
+    stages: int | None = None
 
 
 VARIANTS = {
@@ -258,6 +252,10 @@ VARIANTS = {
     "persistent-ws": Variant(descriptors=True, tile_n=2, persistent=True, loop="warp_specialize", group=8),
 }
 """The kernel variants (issue 13), by name: "base" is the kernel measured at 337 ms of the 24-layer step."""
+
+EXPERIMENTAL = frozenset({"persistent-flat", "persistent-ws"})
+"""Variants whose loop options a given triton may not compile for this kernel (flattening a loop with a
+branching epilogue, warp specialization on Hopper): the GPU tests skip them when they fail to compile."""
 
 BROKEN: dict[str, str] = {}
 """Variants that failed to compile or launch as the default (VARIANT) in this process, with the error:
@@ -281,6 +279,11 @@ except (TypeError, ValueError):  # pragma: no cover - depends on the installed t
     _RANGE_OPTIONS = frozenset()
 
 
+def _by_columns(t: torch.Tensor) -> bool:
+    """`t`'s matrices are stored by columns (a transposed view): the descriptor spans tᵀ's rows."""
+    return t.stride(-2) == 1 and t.stride(-1) != 1
+
+
 def _descriptor_ok(t: torch.Tensor) -> bool:
     """A 3-D TMA descriptor can span `t`: last stride 1, other strides and the base 16-byte aligned."""
     size = t.element_size()
@@ -292,7 +295,7 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
             tile: int | None = None, tile_k: int | None = None) -> str:
     """The variant that runs for `name` (default VARIANT) on these operands: a descriptor variant
     falls back to "base" where triton has no tensor descriptors or an operand's strides do not suit
-    TMA (a's rows, b's rows or columns, input's rows contiguous and 16-byte aligned); "even" runs
+    TMA (a's and b's rows or columns, input's rows contiguous and 16-byte aligned); "even" runs
     the masked path ("base") where m or k is not a multiple of the tiles."""
     if name is None:
         name = VARIANT if VARIANT not in BROKEN else "base"
@@ -304,8 +307,9 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
     if v.even and (m % tile or k % tile_k):
         return "base"
     if v.descriptors:
-        b_rows = b.mT if b.stride(-2) == 1 and b.stride(-1) != 1 else b
-        if (not descriptors_available() or not (_descriptor_ok(a) and _descriptor_ok(b_rows))
+        a_rows = a.mT if _by_columns(a) else a
+        b_rows = b.mT if _by_columns(b) else b
+        if (not descriptors_available() or not (_descriptor_ok(a_rows) and _descriptor_ok(b_rows))
                 or (m * a.element_size()) % 16):  # the output's rows (the product's own, contiguous)
             return "base"
         if input is not None and not _descriptor_ok(input):
@@ -352,7 +356,8 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
 def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stages) -> None:
     batch, m, k = a.shape
     c = out if input is None else input
-    extra = {} if interpreted() else dict(num_warps=warps or v.warps, num_stages=stages or v.stages)
+    extra = {} if interpreted() else dict(num_warps=warps or v.warps or WARPS,
+                                          num_stages=stages or v.stages or STAGES)
     if not v.descriptors:
         pairs = _pairs(triton.cdiv(m, tile), a.device)
         _upper_tiles[(pairs.shape[0], batch)](
@@ -365,16 +370,19 @@ def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stag
 def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile_k, extra) -> None:
     batch, m, k = a.shape
     tile_n = tile * v.tile_n
-    b_t = b.stride(-2) == 1 and b.stride(-1) != 1
+    a_t, b_t = _by_columns(a), _by_columns(b)
     desc = _TensorDescriptor
-    a_desc = desc(a, list(a.shape), list(a.stride()), [1, tile, tile_k])
+    if a_t:
+        at = a.mT
+        a_desc = desc(at, list(at.shape), list(at.stride()), [1, tile_k, tile])
+    else:
+        a_desc = desc(a, list(a.shape), list(a.stride()), [1, tile, tile_k])
     if b_t:
         bt = b.mT
         b_desc = desc(bt, list(bt.shape), list(bt.stride()), [1, tile_n, tile_k])
     else:
         b_desc = desc(b, list(b.shape), list(b.stride()), [1, tile_k, tile_n])
-    out_desc = desc(out, list(out.shape), list(out.stride()), [1, tile, tile_n])
-    out_t_desc = desc(out, list(out.shape), list(out.stride()), [1, tile_n, tile])
+    out_desc = desc(out, list(out.shape), list(out.stride()), [1, tile, tile])
     c_desc = out_desc if input is None else desc(input, list(input.shape), list(input.stride()), [1, tile, tile_n])
     pairs = _pairs(triton.cdiv(m, tile), a.device, v.tile_n, v.group)
     n_pairs = pairs.shape[0]
@@ -383,10 +391,9 @@ def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile
         grid = (min(programs, n_pairs * batch), 1)
     else:
         programs, grid = 1, (n_pairs, batch)
-    args = (a_desc, b_desc, c_desc, out_desc, out_t_desc, c, out, pairs, n_pairs, batch, m, k,
-            *c.stride(), *out.stride(), float(alpha), float(beta))
-    shape = dict(HAS_C=input is not None, B_T=b_t, TRIANGLE=v.tile_n != 1, TILE_M=tile, TILE_N=tile_n,
-                 TILE_R=tile_k, PROGRAMS=programs)
+    args = (a_desc, b_desc, c_desc, out_desc, out, pairs, n_pairs, batch, k, float(alpha), float(beta))
+    shape = dict(HAS_C=input is not None, A_T=a_t, B_T=b_t, TILE_M=tile, TILE_N=tile_n, TILE_R=tile_k,
+                 PROGRAMS=programs)
     if v.loop:
         _upper_tiles_loop[grid](*args, **shape, FLATTEN=v.loop == "flatten", WS=v.loop == "warp_specialize",
                                 **extra)
