@@ -158,6 +158,7 @@ def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
     monkeypatch.setattr(symmetric, "_KERNEL", [kernel])
     if kernel.interpreted():
         monkeypatch.setattr(symmetric, "BLOCK", 16)
+        monkeypatch.setattr(symmetric, "TRITON_ROWS", 32)
         monkeypatch.setattr(kernel, "TILE", 16)
         monkeypatch.setattr(kernel, "TILE_K", 16)
         x = stack(1, 32, 96, seed=4).double()

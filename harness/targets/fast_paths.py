@@ -9,7 +9,7 @@ another name:
 
   ours-triton  CUDA with triton installed, one process, a polynomial orthogonalizer (not SVD), bf16 compute
                (Gram Newton-Schulz then iterates in fp16: both kernel dtypes), and a matrix whose short side
-               reaches 2 * symmetric.BLOCK (2048): the GPU tier's bf16 cases (`--tier gpu`).
+               reaches symmetric.TRITON_ROWS (2048): the GPU tier's bf16 cases (`--tier gpu`).
   ours-graphs  CUDA, one process, Muon or NorMuon, an orthogonalizer graphs.CAPTURED takes, a megabatch
                of at most graphs.MAX_NUMEL elements, and 2 steps or more (a plan's first step is eager, its
                second captures and replays, later ones replay): the CI tier's multi-step cases and the GPU
@@ -55,9 +55,9 @@ class OursTriton(OursMuon):
             return (f"the Triton kernel forms bf16/fp16 symmetric products of the polynomial orthogonalizers; "
                     f"this case computes {case.orthogonalizer} in {case.compute_dtype}")
         _, m, n = matrix_shape(case.shape, case.flatten)
-        if min(m, n) < 2 * symmetric.BLOCK:
-            return (f"its matrices ({m} x {n}) have a short side below 2 x symmetric.BLOCK = {2 * symmetric.BLOCK}, "
-                    f"where no product is split, so the kernel never runs (the GPU tier's cases engage it)")
+        if min(m, n) < symmetric.TRITON_ROWS:
+            return (f"its matrices ({m} x {n}) have a short side below symmetric.TRITON_ROWS = {symmetric.TRITON_ROWS}, "
+                    f"where the kernel never runs (the GPU tier's cases engage it)")
         why = _cuda()
         if why is None and symmetric.triton_kernel() is None:
             why = "triton cannot be imported here (pip install triton)"
