@@ -56,7 +56,7 @@ CARRIED = "SYMMETRIC_KERNEL_ROWS"
 PASSES = [["base", "rect", "tma", "persistent", "even"], ["persistent-flat"], ["persistent-ws"]]
 """Variant order: the likeliest winners first (a --deadline cut drops the last); the sweep runs before
 the last pass, warp specialization, the one most likely to fail (a summary is printed before it)."""
-SWEEP = [("rect", 8, 4), ("rect", 8, 2), ("tma", 8, 4), ("persistent", 8, 4), ("persistent-flat", 8, 2)]
+SWEEP = [("rect", 8, 4), ("rect", 8, 2), ("tma", 8, 4), ("persistent", 8, 4), ("tma", 4, 4)]
 """(variant, warps, stages) beyond each variant's own launch (--no-sweep skips them)."""
 
 
