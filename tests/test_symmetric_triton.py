@@ -252,11 +252,15 @@ def test_the_default_is_the_base_kernel_until_timed(kernel):
 def test_a_default_variant_that_fails_to_compile_falls_back_to_base(kernel, monkeypatch):
     """A default (VARIANT) that this triton cannot compile warns once and runs "base" from then on; a
     variant named in the call raises."""
-    def broken(*args, **kwargs):
-        raise RuntimeError("out of resources: shared memory")
+    plan = kernel.launch_plan
+
+    def broken(v, *args, **kwargs):
+        if v.descriptors:
+            raise RuntimeError("out of resources: shared memory")
+        return plan(v, *args, **kwargs)
 
     x = stack(1, 32, 32)
-    monkeypatch.setattr(kernel, "_launch_descriptors", broken)
+    monkeypatch.setattr(kernel, "launch_plan", broken)
     monkeypatch.setattr(kernel, "BROKEN", {})
     monkeypatch.setattr(kernel, "VARIANT", "tma")
     if not kernel.descriptors_available():
