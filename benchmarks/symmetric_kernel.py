@@ -4,6 +4,12 @@ cuBLAS's full product, on the stacks of the 24-layer step.
     python benchmarks/symmetric_kernel.py [--reps 10] [--variants base,rect,...] [--shapes 0,1,2,3] [--no-sweep]
                                           [--deadline 170]
     TRITON_INTERPRET=1 python benchmarks/symmetric_kernel.py --quick     # CPU smoke run (tiny shapes)
+    python benchmarks/symmetric_kernel.py --compile-only                 # no GPU: sm_90 compile of every row
+
+--compile-only compiles each row's kernel for every shape (meta tensors) for sm_90 with triton's own
+ptxas, specialised as a launch would be, and prints its shared memory (against the 227 KiB an H100/H200
+block may take: past it the launch fails), registers, local (spill) bytes, and whether the k loop is
+pipelined (async wgmma) and loads by TMA; exit status 1 when a compile fails or does not fit.
 
 Shapes (bf16): (96, 4096, 4096) X Xᵀ; (72, 4096, 11008) X Xᵀ; (96, 4096, 4096) beta A + alpha A·A
 (baddbmm); (72, 4096, 4096) beta R + alpha R·R (baddbmm, as in Gram Newton-Schulz); (36, 4096, 11008)
@@ -56,13 +62,13 @@ CARRIED = "SYMMETRIC_KERNEL_ROWS"
 PASSES = [["base", "rect", "tma", "persistent", "even"], ["persistent-flat"], ["persistent-ws"]]
 """Variant order: the likeliest winners first (a --deadline cut drops the last); the sweep runs before
 the last pass, warp specialization, the one most likely to fail (a summary is printed before it)."""
-SWEEP = [("rect", 8, 4), ("rect", 8, 2), ("tma", 8, 4), ("persistent", 8, 4), ("persistent-flat", 8, 2)]
+SWEEP = [("rect", 8, 4), ("rect", 8, 2), ("tma", 8, 4), ("persistent", 8, 4), ("tma", 4, 4)]
 """(variant, warps, stages) beyond each variant's own launch (--no-sweep skips them)."""
 
 
 def operands(batch, m, k, kind, device, dtype, seed=0):
     """(input or None, a, b) for the product; spectral norms about 1 (no overflow in C·C)."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
     if kind == "gram-t":
         x = torch.randn(batch, k, m, generator=g, device=device, dtype=dtype).mT / (m ** 0.5 + k ** 0.5)
         return None, x, x.mT
@@ -129,6 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=170.0, help="seconds: rows not started by then are skipped")
     p.add_argument("--quick", action="store_true", help="CPU smoke run under TRITON_INTERPRET=1, tiny shapes")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--compile-only", action="store_true",
+                   help="no GPU needed: compile every row's kernels for sm_90 with triton's own ptxas and report "
+                        "shared memory (against an H200 block's 227 KiB), registers, spills, async wgmma, TMA")
     p.add_argument("--skip", default="", help="';'-separated row tags not to run (a restart passes those done)")
     p.add_argument("--restarts", type=int, default=0, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -137,6 +146,8 @@ def main(argv=None) -> int:
     started = time.time()
     if args.quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    if args.compile_only:
+        os.environ.pop("TRITON_INTERPRET", None)
     try:
         from optimizers import symmetric_triton as kernel  # noqa: PLC0415 - optional: needs triton
     except ImportError as e:
@@ -144,6 +155,11 @@ def main(argv=None) -> int:
         return 1
     import triton  # noqa: PLC0415
 
+    if args.compile_only:
+        names = args.variants.split(",") if args.variants else [n for group in PASSES for n in group]
+        runs = [(n, None, None) for n in names] + ([] if args.no_sweep else [r for r in SWEEP if r[0] in names])
+        shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
+        return compile_only(kernel, runs, shapes)
     device = torch.device("cpu" if args.quick or not torch.cuda.is_available() else "cuda")
     if device.type == "cpu" and not kernel.interpreted():
         print("no GPU: run with --quick (TRITON_INTERPRET=1)")
@@ -269,6 +285,96 @@ def main(argv=None) -> int:
                                   "--skip", ";".join(sorted(skip | set(started_tags))),
                                   "--deadline", f"{max(left, 30):.0f}", "--restarts", str(args.restarts + 1)])
     return 0 if summary("summary:") and ok else 1
+
+
+SHARED_LIMIT = 227 * 1024
+"""Shared memory one block may take on an H100/H200 (sm_90), bytes."""
+
+
+def compile_only(kernel, runs, shapes, arch=90, programs=132) -> int:
+    """Compile each row's kernel for every shape's operands (meta tensors: no memory, no GPU) for sm_<arch>
+    with triton's own ptxas, as a launch would specialise it; print a table. Exit status 1 when a
+    compile fails or a kernel's shared memory passes SHARED_LIMIT (it would fail at launch)."""
+    import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import triton  # noqa: PLC0415
+    try:
+        from triton._C.libtriton import native_specialize_impl  # noqa: PLC0415 - triton internals (3.4 on)
+        from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+        from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
+    except ImportError as e:
+        print(f"--compile-only needs triton's compiler internals of 3.4 or later: {e}")
+        return 2
+    if not hasattr(kernel._upper_tiles, "arg_names"):
+        print("--compile-only compiles, so it runs without TRITON_INTERPRET (set when the kernel module was imported)")
+        return 2
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+    def build(fn, args, constexprs, warps, stages):
+        signature, values, attrs = {}, {}, {}
+        bound = dict(zip(fn.arg_names, args)) | constexprs
+        for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
+            if name in constexprs or param.is_constexpr:
+                signature[name], values[(i,)] = "constexpr", bound.get(name, param.default)
+                continue
+            kind, key = native_specialize_impl(type(backend), bound[name], False, not param.do_not_specialize, True)
+            if kind == "constexpr":
+                signature[name], values[(i,)] = "constexpr", key
+                continue
+            signature[name] = kind
+            if isinstance(key, str):
+                attrs[(i,)] = backend.parse_attr(key)
+        source = ASTSource(fn=fn, signature=signature, constexprs=values, attrs=attrs)
+        return triton.compile(source, target=target, options=dict(num_warps=warps, num_stages=stages))
+
+    def usage(compiled):
+        if not os.path.exists(cuobjdump):
+            return "", ""
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            text = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+        fields = dict(part.split(":", 1) for line in text.splitlines() if "REG:" in line for part in line.split()
+                      if ":" in part)
+        return fields.get("REG", ""), fields.get("LOCAL", "")
+
+    print(f"# compile only: triton {triton.__version__}, sm_{arch}, bf16; shared memory limit {SHARED_LIMIT} B",
+          flush=True)
+    print("| shape | row | ran | compile s | shared B | fits | registers | local (spill) B | async wgmma | TMA |",
+          flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    bad = 0
+    for label, batch, m, k, kind in shapes:
+        input, a, b = operands(batch, m, k, kind, torch.device("meta"), torch.bfloat16)
+        out = torch.empty(batch, m, m, dtype=torch.bfloat16, device="meta")
+        for name, warps, stages in runs:
+            tag = name if warps is None else f"{name} (warps {warps}, stages {stages})"
+            ran = kernel.resolve(name, input, a, b)
+            v = kernel.VARIANTS[ran]
+            t0 = time.time()
+            try:
+                fn, _, args, constexprs = kernel.launch_plan(v, input, a, b, out, programs=programs)
+                compiled = build(fn, args, constexprs, warps or v.warps or kernel.WARPS,
+                                 stages or v.stages or kernel.STAGES)
+            except Exception as e:  # noqa: BLE001 - a failed compile is a row
+                bad += 1
+                text = str(e).strip().splitlines()
+                print(f"| {label} | {tag} | {ran} | failed: {type(e).__name__}: {text[0][:200] if text else ''} "
+                      f"| | | | | | |", flush=True)
+                continue
+            shared = compiled.metadata.shared
+            regs, local = usage(compiled)
+            ptx = compiled.asm.get("ptx", "")
+            fits = shared <= SHARED_LIMIT
+            bad += not fits
+            print(f"| {label} | {tag} | {ran} | {time.time() - t0:.1f} | {shared} | {'yes' if fits else 'NO'} | "
+                  f"{regs} | {local} | {'yes' if 'wgmma.wait_group.sync.aligned 1' in ptx else 'no'} | "
+                  f"{'yes' if 'cp.async.bulk.tensor' in ptx else 'no'} |", flush=True)
+    return 1 if bad else 0
 
 
 class ContextLost(Exception):

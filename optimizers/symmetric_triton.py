@@ -248,7 +248,9 @@ VARIANTS = {
     "tma": Variant(descriptors=True, group=8),
     "rect": Variant(descriptors=True, tile_n=2, group=8),
     "persistent": Variant(descriptors=True, tile_n=2, persistent=True, group=8),
-    "persistent-flat": Variant(descriptors=True, tile_n=2, persistent=True, loop="flatten", group=8),
+    # a flattened loop keeps its pipeline buffers through the epilogue: at 3 stages beta C + alpha C·C
+    # needs 240 KiB of shared memory (sm_90 compile, triton 3.9), past the H200's 227 KiB
+    "persistent-flat": Variant(descriptors=True, tile_n=2, persistent=True, loop="flatten", group=8, stages=2),
     "persistent-ws": Variant(descriptors=True, tile_n=2, persistent=True, loop="warp_specialize", group=8),
 }
 """The kernel variants (issue 13), by name: "base" is the kernel measured at 337 ms of the 24-layer step."""
@@ -354,21 +356,25 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
 
 
 def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stages) -> None:
-    batch, m, k = a.shape
-    c = out if input is None else input
+    fn, grid, args, constexprs = launch_plan(v, input, a, b, out, alpha, beta, tile, tile_k)
     extra = {} if interpreted() else dict(num_warps=warps or v.warps or WARPS,
                                           num_stages=stages or v.stages or STAGES)
-    if not v.descriptors:
-        pairs = _pairs(triton.cdiv(m, tile), a.device)
-        _upper_tiles[(pairs.shape[0], batch)](
-            a, b, c, out, pairs, m, k, *a.stride(), *b.stride(), *c.stride(), *out.stride(),
-            float(alpha), float(beta), HAS_C=input is not None, TILE_M=tile, TILE_R=tile_k, EVEN=v.even, **extra)
-    else:
-        _launch_descriptors(v, input, a, b, c, out, alpha, beta, tile, tile_k, extra)
+    fn[grid](*args, **constexprs, **extra)
 
 
-def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile_k, extra) -> None:
+def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, tile_k=None, programs=None):
+    """(kernel, grid, positional arguments, constexpr keywords) that run variant `v` on these operands
+    (resolved: `v` must suit them). Also what benchmarks/symmetric_kernel.py --compile-only compiles,
+    with meta tensors and `programs` (SMs) given."""
+    tile, tile_k = tile or TILE, tile_k or TILE_K
     batch, m, k = a.shape
+    if not v.descriptors:
+        c = out if input is None else input
+        pairs = _pairs(triton.cdiv(m, tile), a.device)
+        args = (a, b, c, out, pairs, m, k, *a.stride(), *b.stride(), *c.stride(), *out.stride(), float(alpha),
+                float(beta))
+        return _upper_tiles, (pairs.shape[0], batch), args, dict(HAS_C=input is not None, TILE_M=tile,
+                                                                   TILE_R=tile_k, EVEN=v.even)
     tile_n = tile * v.tile_n
     a_t, b_t = _by_columns(a), _by_columns(b)
     desc = _TensorDescriptor
@@ -387,18 +393,17 @@ def _launch_descriptors(v: Variant, input, a, b, c, out, alpha, beta, tile, tile
     pairs = _pairs(triton.cdiv(m, tile), a.device, v.tile_n, v.group)
     n_pairs = pairs.shape[0]
     if v.persistent:
-        programs = _sm_count(a.device)  # a constexpr: one compile per device, not per shape
+        programs = programs or _sm_count(a.device)  # a constexpr: one compile per device, not per shape
         grid = (min(programs, n_pairs * batch), 1)
     else:
         programs, grid = 1, (n_pairs, batch)
     args = (a_desc, b_desc, c_desc, out_desc, out, pairs, n_pairs, batch, k, float(alpha), float(beta))
-    shape = dict(HAS_C=input is not None, A_T=a_t, B_T=b_t, TILE_M=tile, TILE_N=tile_n, TILE_R=tile_k,
-                 PROGRAMS=programs)
+    constexprs = dict(HAS_C=input is not None, A_T=a_t, B_T=b_t, TILE_M=tile, TILE_N=tile_n, TILE_R=tile_k,
+                      PROGRAMS=programs)
     if v.loop:
-        _upper_tiles_loop[grid](*args, **shape, FLATTEN=v.loop == "flatten", WS=v.loop == "warp_specialize",
-                                **extra)
-    else:
-        _upper_tiles_tma[grid](*args, **shape, PERSISTENT=v.persistent, **extra)
+        return _upper_tiles_loop, grid, args, dict(constexprs, FLATTEN=v.loop == "flatten",
+                                                   WS=v.loop == "warp_specialize")
+    return _upper_tiles_tma, grid, args, dict(constexprs, PERSISTENT=v.persistent)
 
 
 def _sm_count(device: torch.device) -> int:

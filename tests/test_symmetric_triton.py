@@ -253,11 +253,15 @@ def test_the_default_is_the_base_kernel_until_timed(kernel):
 def test_a_default_variant_that_fails_to_compile_falls_back_to_base(kernel, monkeypatch):
     """A default (VARIANT) that this triton cannot compile warns once and runs "base" from then on; a
     variant named in the call raises."""
-    def broken(*args, **kwargs):
-        raise RuntimeError("out of resources: shared memory")
+    plan = kernel.launch_plan
+
+    def broken(v, *args, **kwargs):
+        if v.descriptors:
+            raise RuntimeError("out of resources: shared memory")
+        return plan(v, *args, **kwargs)
 
     x = stack(1, 32, 32)
-    monkeypatch.setattr(kernel, "_launch_descriptors", broken)
+    monkeypatch.setattr(kernel, "launch_plan", broken)
     monkeypatch.setattr(kernel, "BROKEN", {})
     monkeypatch.setattr(kernel, "VARIANT", "tma")
     if not kernel.descriptors_available():
@@ -285,3 +289,29 @@ def test_the_benchmark_runs_quick(kernel, capsys):
     rows = [line for line in out.splitlines() if line.startswith("| X") or line.startswith("| A")]
     assert len(rows) == 2 * 5 and not any("failed" in line for line in rows), out
     assert "fastest" in out and "| NO |" not in out and "-> VARIANT = " in out
+
+
+def test_the_variants_compile_for_sm90_within_an_h200_block(kernel):
+    """benchmarks/symmetric_kernel.py --compile-only (no GPU: triton's own ptxas) compiles "rect" for
+    sm_90 as a launch would specialise it, pipelined (async wgmma), by TMA, in at most 227 KiB of shared
+    memory, without spills. In a process of its own: this one may run triton's interpreter."""
+    import pathlib
+    import subprocess
+    import sys
+
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("this triton has no bundled ptxas")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "symmetric_kernel.py"), "--compile-only",
+                           "--variants", "rect", "--no-sweep", "--shapes", "2"],
+                          capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    if done.returncode == 2:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = [line for line in done.stdout.splitlines() if "| rect |" in line]
+    assert len(row) == 1, done.stdout
+    cells = [c.strip() for c in row[0].split("|")]
+    assert cells[3] == "rect" and cells[6] == "yes" and cells[8] in ("0", "") and cells[9:11] == ["yes", "yes"], row
