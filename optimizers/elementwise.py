@@ -11,6 +11,11 @@ from types import ModuleType
 
 import torch
 
+MIN_NUMEL = 1 << 22
+"""Fewer elements in one launch keep the torch passes: there the fused kernel's launch costs the host more
+than its passes save (ConvNeXt-T's many small megabatches, host-bound, measured 3.75 ms a step without the
+kernels and 5.07 ms with them for every megabatch, on an H200)."""
+
 TRITON = False
 """Opt-in: Muon's momentum and apply passes over fp32 parameters run the fused kernels where they can;
 benchmarks/gpu_step.py's "triton" rows and the harness's `ours-triton` target switch it on."""
@@ -29,28 +34,30 @@ def triton_kernels() -> ModuleType | None:
     return _KERNEL[0]
 
 
-def _usable(tensors: list[torch.Tensor]) -> ModuleType | None:
-    """The kernels, when TRITON is on and every tensor is a contiguous fp32 tensor the kernels can address
-    (CUDA, or CPU under the interpreter) on one device; else None."""
-    if not TRITON or not tensors:
+def _usable(tensors: list[torch.Tensor], numel: int, contiguous: bool = True) -> ModuleType | None:
+    """The kernels, when TRITON is on, the launch covers `numel` >= MIN_NUMEL elements and every tensor is
+    an fp32 tensor (contiguous, if asked) the kernels can address (CUDA, or CPU under the interpreter) on one
+    device; else None."""
+    if not TRITON or not tensors or numel < MIN_NUMEL:
         return None
     kernels = triton_kernels()
     if kernels is None:
         return None
     device = tensors[0].device
     on_device = device.type == "cuda" or (device.type == "cpu" and kernels.interpreted())
-    ok = on_device and all(t.dtype == torch.float32 and t.device == device and t.is_contiguous() for t in tensors)
+    ok = on_device and all(t.dtype == torch.float32 and t.device == device and (t.is_contiguous() or not contiguous)
+                           for t in tensors)
     return kernels if ok else None
 
 
 def applies(params: list[torch.Tensor]) -> bool:
     """True when `apply_` runs the fused kernel on these parameters (given matrices it takes)."""
-    return _usable(params) is not None
+    return _usable(params, sum(p.numel() for p in params)) is not None
 
 
 def momentum_(bufs: list[torch.Tensor], grads: list[torch.Tensor], mu: float) -> bool:
     """M <- mu M + G for every pair in one launch (the bits of `mul_` then `add_`); False: not run."""
-    kernels = _usable(bufs + grads)
+    kernels = _usable(bufs + grads, sum(b.numel() for b in bufs))
     if kernels is None:
         return False
     kernels.momentum_(bufs, grads, mu)
@@ -61,10 +68,26 @@ def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | No
     """X <- X decay + alpha O for each parameter and its consecutive matrices of `matrices` [B, m, n]
     (bf16, fp16 or fp32, any strides; B a multiple of len(params)), in one launch: the bits of `mul_(decay)`
     then `add_(O, alpha=alpha)` on the parameter's matrix view (decay None: no product). False: not run."""
-    kernels = _usable(params)
+    kernels = _usable(params, sum(p.numel() for p in params))
     if (kernels is None or matrices.dtype not in (torch.float32, torch.bfloat16, torch.float16)
             or matrices.device != params[0].device or matrices.size(0) % len(params)
             or any(p.numel() != matrices[0].numel() * (matrices.size(0) // len(params)) for p in params)):
         return False
     kernels.apply_(params, matrices, decay, alpha)
     return True
+
+
+def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """x / d per matrix, rounded to `dtype` (bf16/fp16), as `torch.div(x, d, out=torch.empty_like(x, dtype=dtype))`
+    rounds it, in one launch, for fp32 x [B, m, n] whose matrices are dense blocks (row- or column-major) and
+    d [B, 1, 1]; None (nothing done) where the kernel cannot run (and to bf16 under Triton's CPU interpreter,
+    whose bf16 conversion truncates: 499 of 1024 Gaussian values differed from round-to-nearest-even)."""
+    dense = x.ndim == 3 and x.numel() > 0 and x.stride(0) == x[0].numel() and (
+        x.stride()[1:] == (x.size(2), 1) or x.stride()[1:] == (1, x.size(1)))
+    if (not dense or dtype not in (torch.bfloat16, torch.float16) or denominators.dtype != torch.float32
+            or denominators.numel() != x.size(0)):
+        return None
+    kernels = _usable([x], x.numel(), contiguous=False)
+    if kernels is None or (dtype == torch.bfloat16 and kernels.interpreted()):  # the interpreter truncates to bf16
+        return None
+    return kernels.divide(x, denominators, dtype)

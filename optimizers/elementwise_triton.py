@@ -3,15 +3,17 @@ or megabatch (a table of the tensors' addresses, as torch._foreach_* does) and o
 tensor:
 
   momentum   M <- mu M + G                      (M, G fp32)
+  divide     X / d, rounded to bf16/fp16        (X fp32, one d per matrix: Gram Newton-Schulz's normaliser)
   apply      X <- X (1 - lr wd) + alpha O       (X fp32; O the orthogonalized matrices, bf16/fp16/fp32,
                                                  row-major or a transposed view: widened in registers)
 
 The torch passes they replace (optimizers/algorithms/muon.py `momentum_directions`, base.py
 `decoupled_apply_all` and the cast of the result to the parameters' dtype) read and write every element
-two to three times more. Bits: momentum rounds the product and the sum separately, as `mul_` then `add_`
+two to three times more; torch's mixed-dtype division (optimizers/gram_newton_schulz.py `normalised`) ran at
+~1.2 TB/s on an H200. Bits: momentum rounds the product and the sum separately, as `mul_` then `add_`
 do (compiled with `enable_fp_fusion=False`); apply rounds the decay product, then adds alpha O with one
-fused multiply-add, as torch's `add_(O, alpha=...)` does on CUDA (tests/test_elementwise_triton.py checks
-both against torch on the GPU).
+fused multiply-add, as torch's `add_(O, alpha=...)` does on CUDA; divide divides correctly rounded
+(`div_rn`) and rounds to nearest even (tests/test_elementwise_triton.py checks all three against torch).
 
 Optional: imported by optimizers/elementwise.py only where triton is (CUDA machines; CPU tests under
 TRITON_INTERPRET=1).
@@ -69,6 +71,18 @@ def _apply(param_table, o_ptr, per_param, rows, cols, sob, sor, soc, decay, alph
     tl.store(xs, tl.fma(o.to(tl.float32), alpha, x), mask=inside)
 
 
+@triton.jit
+def _divide(x_ptr, d_ptr, out_ptr, per_matrix, BLOCK: tl.constexpr):
+    b = tl.program_id(1)
+    d = tl.load(d_ptr + b)
+    base = b.to(tl.int64) * per_matrix
+    for start in range(tl.program_id(0) * BLOCK, per_matrix, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < per_matrix
+        x = tl.load(x_ptr + base + offs, mask=inside)
+        tl.store(out_ptr + base + offs, tl.math.div_rn(x, d).to(out_ptr.dtype.element_ty), mask=inside)
+
+
 _EXACT = {} if interpreted() else dict(enable_fp_fusion=False)
 """Launch options: separate roundings where the kernel's source writes them separately."""
 
@@ -119,3 +133,14 @@ def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | No
     _apply[grid](_addresses(params, matrices.device), matrices, batch // len(params), rows, cols, *matrices.stride(),
                  1.0 if decay is None else float(decay), float(alpha), HAS_DECAY=decay is not None,
                  TILE_R=TILE_R, TILE_C=TILE_C, **_EXACT)
+
+
+def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x / d per matrix of x [B, m, n] (fp32, each matrix a dense block of its own, in any order of its
+    two dims), correctly rounded in fp32 and then rounded to `dtype`, as `torch.div(x, d, out=<dtype>)`
+    rounds it; `denominators` [B, 1, 1] fp32. The result has x's strides. One launch."""
+    out = torch.empty_like(x, dtype=dtype)
+    per_matrix = x[0].numel()
+    programs = min(PROGRAMS, triton.cdiv(per_matrix, BLOCK))
+    _divide[(programs, x.size(0))](x, denominators.contiguous(), out, per_matrix, BLOCK=BLOCK, **_EXACT)
+    return out

@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from optimizers import elementwise
 from optimizers.symmetric import symmetric_baddbmm, symmetric_bmm
 
 Coefficients = tuple[float, float, float]
@@ -114,8 +115,10 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
     if compute_dtype == wide:
         return x / denominator
     # one pass: the quotient is formed in `wide` and rounded to `compute_dtype` as it is written (the bits
-    # of dividing, then casting), in x's memory layout, as the two passes wrote it
-    return torch.div(x, denominator, out=torch.empty_like(x, dtype=compute_dtype))
+    # of dividing, then casting), in x's memory layout, as the two passes wrote it; on large fp32 stacks with
+    # optimizers.elementwise.TRITON, by the fused kernel (the same bits)
+    fused = elementwise.divide(x, denominator, compute_dtype)
+    return torch.div(x, denominator, out=torch.empty_like(x, dtype=compute_dtype)) if fused is None else fused
 
 
 def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients]) -> torch.Tensor:

@@ -27,14 +27,16 @@ SHAPES = [(12, 20), (12, 20), (30, 8), (30, 8), (6, 4, 3, 3), (6, 4, 3, 3), (16,
 def fused(monkeypatch):
     """Counts the kernels' launches while a test runs with elementwise.TRITON on."""
     from optimizers import elementwise_triton as kernels
-    calls = {"momentum": 0, "apply": 0}
+    monkeypatch.setattr(elementwise, "MIN_NUMEL", 0)  # the tests' sizes are small
+    calls = {"momentum": 0, "apply": 0, "divide": 0}
     for name in calls:
-        original = getattr(kernels, f"{name}_")
+        name = f"{name}_" if name != "divide" else name
+        original = getattr(kernels, name)
 
-        def counted(*args, _name=name, _original=original):
+        def counted(*args, _name=name.rstrip("_"), _original=original):
             calls[_name] += 1
             return _original(*args)
-        monkeypatch.setattr(kernels, f"{name}_", counted)
+        monkeypatch.setattr(kernels, name, counted)
     return calls
 
 
@@ -93,11 +95,11 @@ def test_the_kernels_decline_what_they_cannot_run_and_change_nothing(fused):
         assert not elementwise.apply_([x], torch.ones(1, 4, 5, device=DEVICE), 0.5, 1.0)  # 20 elements for 24
         assert not elementwise.apply_([x], torch.ones(1, 4, 6, dtype=torch.float64, device=DEVICE), 0.5, 1.0)
         assert torch.equal(x, torch.ones(4, 6, device=DEVICE)) and torch.equal(x64, torch.ones_like(x64))
-        assert fused == {"momentum": 0, "apply": 0}
+        assert fused == {"momentum": 0, "apply": 0, "divide": 0}
         bf16 = optimizers.Muon([torch.nn.Parameter(torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE))])
         bf16.param_groups[0]["params"][0].grad = torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE)
         bf16.step()  # bf16 parameters step by the torch passes
-        assert fused == {"momentum": 0, "apply": 0}
+        assert fused == {"momentum": 0, "apply": 0, "divide": 0}
     finally:
         elementwise.TRITON = before
 
@@ -105,7 +107,41 @@ def test_the_kernels_decline_what_they_cannot_run_and_change_nothing(fused):
 def test_off_by_default_the_kernels_never_run(fused):
     assert elementwise.TRITON is False
     trajectory(False, SHAPES[:2], orthogonalizer="polar_express")
-    assert fused == {"momentum": 0, "apply": 0}
+    assert fused == {"momentum": 0, "apply": 0, "divide": 0}
+
+
+def test_launches_below_min_numel_keep_the_torch_passes(fused, monkeypatch):
+    """A group or megabatch of fewer than MIN_NUMEL elements (host-bound: the launch costs more than it
+    saves) is stepped by the torch passes."""
+    monkeypatch.setattr(elementwise, "MIN_NUMEL", 12 * 20 * 2 + 1)
+    trajectory(True, SHAPES[:2], orthogonalizer="gram_newton_schulz", compute_dtype=torch.bfloat16)
+    assert fused == {"momentum": 0, "apply": 0, "divide": 0}
+    monkeypatch.setattr(elementwise, "MIN_NUMEL", 12 * 20 * 2)
+    trajectory(True, SHAPES[:2], orthogonalizer="gram_newton_schulz", compute_dtype=torch.bfloat16)
+    assert fused == {"momentum": 3, "apply": 3, "divide": 3}  # a bf16 request's Gram iteration runs in fp16
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_divide_rounds_as_torch_div_into_a_half_type(fused, dtype, layout):
+    """Gram Newton-Schulz's normaliser X / d per matrix, rounded to bf16/fp16, row- or column-major (a tall
+    matrix's transpose): torch.div's bits and strides, from one launch."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 20, 7, generator=g) * 300).to(DEVICE)
+    x = x.mT if layout == "columns" else x.transpose(-2, -1).contiguous()
+    d = (torch.rand(3, 1, 1, generator=g) * 5 + 0.1).to(DEVICE)
+    before = elementwise.TRITON
+    elementwise.TRITON = True
+    try:
+        got = elementwise.divide(x, d, dtype)
+        assert elementwise.divide(x.double(), d, dtype) is None and elementwise.divide(x[:, :, :3], d, dtype) is None
+    finally:
+        elementwise.TRITON = before
+    want = torch.div(x, d, out=torch.empty_like(x, dtype=dtype))
+    if dtype == torch.bfloat16 and DEVICE == "cpu":  # the interpreter's bf16 conversion truncates: declined
+        assert got is None and fused["divide"] == 0
+        return
+    assert fused["divide"] == 1 and got.stride() == want.stride() and torch.equal(got, want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="real layer sizes: CUDA")
