@@ -1,7 +1,7 @@
 """Time the Triton symmetric-product kernel's variants (optimizers/symmetric_triton.py, issue 13) against
 cuBLAS's full product, on the stacks of the 24-layer step.
 
-    python benchmarks/symmetric_kernel.py [--reps 10] [--variants base,rect,...] [--shapes 0,1,2,3] [--no-sweep]
+    python benchmarks/symmetric_kernel.py [--reps 10] [--variants base,tma,...] [--shapes 0,1,2,3] [--no-sweep]
                                           [--deadline 170]
     TRITON_INTERPRET=1 python benchmarks/symmetric_kernel.py --quick     # CPU smoke run (tiny shapes)
     python benchmarks/symmetric_kernel.py --compile-only                 # no GPU: sm_90 compile of every row
@@ -15,10 +15,9 @@ Shapes (bf16): (96, 4096, 4096) X Xᵀ; (72, 4096, 11008) X Xᵀ; (96, 4096, 409
 (baddbmm); (72, 4096, 4096) beta R + alpha R·R (baddbmm, as in Gram Newton-Schulz); (36, 4096, 11008)
 X Xᵀ with X a transposed view (stored by columns, as the transpose of a tall matrix). All stacks are
 made first, with cuBLAS's full product (torch.bmm / torch.baddbmm) timed on each; then
-optimizers/symmetric.py's torch row blocks, then each kernel variant (PASSES order, likeliest winners
-first; then SWEEP, other warps/stages of the descriptor variants; last warp specialization, after a
-summary) on every shape. Each row is timed by CUDA events, median of --reps after a warm-up call, and
-printed as measured (flushed, so a crash keeps the rows before it): ms, the first call's seconds
+optimizers/symmetric.py's torch row blocks, then each kernel variant at its own launch (ORDER), then
+SWEEP (other warps/stages) on every shape. Each row is timed by CUDA events, median of --reps after a
+warm-up call, and printed as measured (flushed, so a crash keeps the rows before it): ms, the first call's seconds
 (compilation included), "exec" TFLOP/s (the multiply-adds the row runs: the full product for cuBLAS,
 the computed tiles for the kernel), "equiv" TFLOP/s (the full product's FLOPs over the time), the
 speedup over cuBLAS, max |got - cuBLAS| / max |cuBLAS|, and the mirror: "exact" (the result equals its
@@ -59,11 +58,12 @@ QUICK_SHAPES = [("X Xᵀ 2x40x72", 2, 40, 72, "gram"), ("A + A·A 2x48x48", 2, 4
 BETA, ALPHA = -4.775, 2.0315
 CARRIED = "SYMMETRIC_KERNEL_ROWS"
 """Environment variable that carries the rows measured before a restart into the new process's summary."""
-PASSES = [["base", "rect", "tma", "persistent", "even"], ["persistent-flat"], ["persistent-ws"]]
-"""Variant order: the likeliest winners first (a --deadline cut drops the last); the sweep runs before
-the last pass, warp specialization, the one most likely to fail (a summary is printed before it)."""
-SWEEP = [("rect", 8, 4), ("rect", 8, 2), ("tma", 8, 4), ("persistent", 8, 4), ("tma", 4, 4)]
-"""(variant, warps, stages) beyond each variant's own launch (--no-sweep skips them)."""
+ORDER = ["tma", "base", "even"]
+"""Variants at their own launch, in this order (the default first: a --deadline cut drops the last)."""
+SWEEP = [("tma", 8, 3), ("tma", 8, 4), ("tma", 4, 3)]
+"""(variant, warps, stages) beyond each variant's own launch, run after them (--no-sweep skips them).
+On one H200 (torch 2.11, triton 3.6) tma's own 4 warps, 4 stages was the fastest on every shape, then
+8 warps, 4 stages, then 8 warps, 3 stages (1.03-1.08x slower than 4, 4)."""
 
 
 def operands(batch, m, k, kind, device, dtype, seed=0):
@@ -120,16 +120,15 @@ def mirror(got, tile):
     return "tiles"
 
 
-def tiles_computed(kernel, name, m, tile):
-    """Entries (in tile_m x tile_n tiles) the variant computes, as a fraction of m²."""
-    v = kernel.VARIANTS[name]
-    return len(kernel.pair_list(-(-m // tile), v.tile_n)) * tile * tile * v.tile_n / (m * m)
+def tiles_computed(kernel, m, tile):
+    """Entries (in tile x tile tiles) the kernel computes, as a fraction of m²."""
+    return len(kernel.pair_list(-(-m // tile))) * tile * tile / (m * m)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--variants", default=None, help="comma-separated variant names (default: all, in PASSES order)")
+    p.add_argument("--variants", default=None, help="comma-separated variant names (default: all, in ORDER)")
     p.add_argument("--shapes", default=None, help="comma-separated indices into the shape list")
     p.add_argument("--no-sweep", action="store_true", help="skip the other warps/stages of the descriptor variants")
     p.add_argument("--deadline", type=float, default=170.0, help="seconds: rows not started by then are skipped")
@@ -156,7 +155,7 @@ def main(argv=None) -> int:
     import triton  # noqa: PLC0415
 
     if args.compile_only:
-        names = args.variants.split(",") if args.variants else [n for group in PASSES for n in group]
+        names = args.variants.split(",") if args.variants else ORDER
         runs = [(n, None, None) for n in names] + ([] if args.no_sweep else [r for r in SWEEP if r[0] in names])
         shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
         return compile_only(kernel, runs, shapes)
@@ -170,11 +169,9 @@ def main(argv=None) -> int:
     if args.shapes:
         shapes = [shapes[int(i)] for i in args.shapes.split(",")]
     names = args.variants.split(",") if args.variants else None
-    passes = [[(n, None, None) for n in group if names is None or n in names] for group in PASSES]
-    if names is not None:  # named variants outside PASSES (new ones) run in the first pass
-        passes[0] += [(n, None, None) for n in names if not any(n in g for g in PASSES)]
+    runs = [(n, None, None) for n in (ORDER if names is None else names)]
     if not args.no_sweep and not args.quick:
-        passes.insert(-1, [r for r in SWEEP if names is None or r[0] in names])
+        runs += [r for r in SWEEP if names is None or r[0] in names]
     tile, tile_k = (16, 16) if args.quick else (kernel.TILE, kernel.TILE_K)
     reps, warmup = (1, 1) if args.quick else (args.reps, 2)
     print(f"# symmetric product kernel variants: torch {torch.__version__}, triton {triton.__version__}, "
@@ -261,7 +258,6 @@ def main(argv=None) -> int:
         print(f"total {time.time() - started:.0f} s, {failures} failed rows", flush=True)
         return ok
 
-    ok = True
     started_tags = ["torch row blocks"]
     try:
         for case in cases:  # the torch row blocks (optimizers/symmetric.py) once per shape
@@ -270,7 +266,7 @@ def main(argv=None) -> int:
             nb = symmetric.blocks(m, block)
             row(case, "torch row blocks", f"{nb} blocks",
                 lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block), (nb + 1) / (2 * nb))
-        ok = run_passes(passes, cases, started_tags, row, summary, skip, args, started, kernel, tile, tile_k)
+        run_rows(runs, cases, started_tags, row, skip, args, started, kernel, tile, tile_k)
     except ContextLost as lost:  # an illegal address (say) leaves this process's CUDA context unusable
         if args.restarts >= 3:
             print(f"CUDA context lost after {lost.args[0]!r}; no more restarts", flush=True)
@@ -284,14 +280,14 @@ def main(argv=None) -> int:
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *rest,
                                   "--skip", ";".join(sorted(skip | set(started_tags))),
                                   "--deadline", f"{max(left, 30):.0f}", "--restarts", str(args.restarts + 1)])
-    return 0 if summary("summary:") and ok else 1
+    return 0 if summary("summary:") else 1
 
 
 SHARED_LIMIT = 227 * 1024
 """Shared memory one block may take on an H100/H200 (sm_90), bytes."""
 
 
-def compile_only(kernel, runs, shapes, arch=90, programs=132) -> int:
+def compile_only(kernel, runs, shapes, arch=90) -> int:
     """Compile each row's kernel for every shape's operands (meta tensors: no memory, no GPU) for sm_<arch>
     with triton's own ptxas, as a launch would specialise it; print a table. Exit status 1 when a
     compile fails or a kernel's shared memory passes SHARED_LIMIT (it would fail at launch)."""
@@ -357,7 +353,7 @@ def compile_only(kernel, runs, shapes, arch=90, programs=132) -> int:
             v = kernel.VARIANTS[ran]
             t0 = time.time()
             try:
-                fn, _, args, constexprs = kernel.launch_plan(v, input, a, b, out, programs=programs)
+                fn, _, args, constexprs = kernel.launch_plan(v, input, a, b, out)
                 compiled = build(fn, args, constexprs, warps or v.warps or kernel.WARPS,
                                  stages or v.stages or kernel.STAGES)
             except Exception as e:  # noqa: BLE001 - a failed compile is a row
@@ -389,34 +385,28 @@ def cuda_alive() -> bool:
         return False
 
 
-def run_passes(passes, cases, started_tags, row, summary, skip, args, started, kernel, tile, tile_k) -> bool:
-    """Every (variant, warps, stages) of `passes` on every case, under --deadline; False when the
-    interim summary found a shape with no passing row."""
-    ok = True
+def run_rows(runs, cases, started_tags, row, skip, args, started, kernel, tile, tile_k) -> None:
+    """Every (variant, warps, stages) of `runs` on every case, under --deadline."""
     skipped = 0
-    for number, runs in enumerate(passes):
-        if number == len(passes) - 1 and runs:  # the risky last pass (warp specialization) after a summary
-            ok = summary("summary before the last pass (warp specialization):")
-        for name, warps, stages in runs:
-            tag = name if warps is None else f"{name} (warps {warps}, stages {stages})"
-            if tag in skip:
+    for name, warps, stages in runs:
+        tag = name if warps is None else f"{name} (warps {warps}, stages {stages})"
+        if tag in skip:
+            continue
+        started_tags.append(tag)
+        for case in cases:
+            if time.time() - started > args.deadline:
+                skipped += 1
+                print(f"| {case['label']} | {tag} | | skipped: past --deadline {args.deadline:.0f} s | | | | | | |",
+                      flush=True)
                 continue
-            started_tags.append(tag)
-            for case in cases:
-                if time.time() - started > args.deadline:
-                    skipped += 1
-                    print(f"| {case['label']} | {tag} | | skipped: past --deadline {args.deadline:.0f} s | | | | | | |",
-                          flush=True)
-                    continue
-                input, a, b, alpha = case["input"], case["a"], case["b"], case["alpha"]
-                ran = kernel.resolve(name, input, a, b, tile, tile_k)
-                fn = (lambda name=name, warps=warps, stages=stages, input=input, a=a, b=b, alpha=alpha:
-                      kernel.symmetric_baddbmm(input, a, b, BETA, alpha, tile=tile, tile_k=tile_k, variant=name,
-                                               warps=warps, stages=stages))
-                row(case, tag, ran, fn, tiles_computed(kernel, ran, case["m"], tile))
+            input, a, b, alpha = case["input"], case["a"], case["b"], case["alpha"]
+            ran = kernel.resolve(name, input, a, b, tile, tile_k)
+            fn = (lambda name=name, warps=warps, stages=stages, input=input, a=a, b=b, alpha=alpha:
+                  kernel.symmetric_baddbmm(input, a, b, BETA, alpha, tile=tile, tile_k=tile_k, variant=name,
+                                           warps=warps, stages=stages))
+            row(case, tag, ran, fn, tiles_computed(kernel, case["m"], tile))
     if skipped:
         print(f"{skipped} rows skipped past --deadline", flush=True)
-    return ok
 
 
 if __name__ == "__main__":

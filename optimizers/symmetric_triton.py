@@ -8,20 +8,34 @@ blocks of optimizers/symmetric.py, in one launch and with no mirror copy. A diag
 whole; an off-diagonal tile's mirror is its exact transpose.
 
 Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call by the module constant
-`VARIANT`, "base" until an H200 run of benchmarks/symmetric_kernel.py says otherwise):
+`VARIANT`, "tma" at 4 warps and 4 stages: the fastest measured):
   - "base": the kernel above (masked pointer loads, 128 x 128 tiles, row-major tile order);
   - "even": the same with no masks where m and k are multiples of the tiles;
   - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
     triton.tools.tensor_descriptor.TensorDescriptor; a transposed view b = xᵀ is read by x's rows and
     fed as tl.trans; likewise an a stored by columns), stores by TMA, tiles in L2 groups of 8 row
     blocks; a diagonal tile's lower half is the transpose of its upper half, so the whole result is
-    bitwise symmetric;
-  - "rect": as "tma" with 128 x 256 tiles: row block i against column blocks (u, u + 1) for u = i,
-    i + 2, ... (272 tiles at m = 4096, 0.53 of the full product), so a row's first tile starts on the
-    diagonal and every other square lies above it; the epilogue stores the two 128 x 128 squares and
-    their transposes by TMA, with no branch (the diagonal square symmetrised as in "tma");
-  - "persistent": "rect" with one program per SM looping over (batch, tile); "persistent-flat" and
-    "persistent-ws" loop by tl.range(flatten=True) / tl.range(warp_specialize=True).
+    bitwise symmetric.
+Measured on one H200 (torch 2.11, triton 3.6; benchmarks/symmetric_kernel.py, bf16, ms and the speedup
+over cuBLAS's full product):
+
+    | stack                | cuBLAS | base (8 warps, 3 stages) | tma (8, 3)    | tma (4, 4)    |
+    | X Xᵀ 96x4096x4096    | 19.37  | 12.76 (1.52x)            | 11.50 (1.68x) | 10.81 (1.80x) |
+    | X Xᵀ 72x4096x11008   | 38.82  | 26.83 (1.45x)            | 23.72 (1.64x) | 21.95 (1.80x) |
+    | A + A·A 96x4096x4096 | 21.26  | 14.60 (1.46x)            | 11.45 (1.86x) | 11.17 (1.92x) |
+    | R + R·R 72x4096x4096 | 16.03  | 11.01 (1.46x)            | 8.67 (1.85x)  | 8.09 (2.08x)  |
+
+(tma at 8 warps, 4 stages: 1.70x, 1.79x, 1.91x, 2.02x.) Every row equals cuBLAS's result bitwise (max
+relative difference 0) and its mirror is exact. The 24-layer step (benchmarks/gpu_step.py: Gram
+Newton-Schulz, this kernel, the fused elementwise kernels): base 597.6 ms, tma (8, 3) 557.8 ms, tma (4, 4)
+550.4 ms. Removed after that run: "rect" (128 x 256 tiles; 550.1 ms, the same step, but its first step
+took 7.75 s of compiles against tma's 0.85 s) and three persistent variants (one program per SM looping
+over the tiles, plain / tl.range(flatten=True) / tl.range(warp_specialize=True)): triton 3.6 could not
+compile them (the tests: "PassManager::run failed"; the benchmark's launches: 320 KiB of shared memory
+for "persistent" at 4 stages, 272 KiB for the warp-specialized one, past the 227 KiB of an H200 block),
+so nothing measured them faster. On small stacks (m <= 1536, e.g. 12x768x2304) every variant is
+slower than cuBLAS (base 1.0-2.5x, tma 1.5-4x): optimizers/symmetric.py calls the kernel from
+TRITON_ROWS rows on.
 A descriptor variant runs "base" where this triton has no tensor descriptors or an operand's rows are
 not contiguous and 16-byte aligned (`resolve`); a default variant that fails to compile warns once and
 runs "base" from then on (`BROKEN`).
@@ -33,7 +47,6 @@ operands are bf16 or fp16, and `usable` holds; otherwise the pure-torch blocks r
 
 from __future__ import annotations
 
-import inspect
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -45,12 +58,14 @@ import triton.language as tl
 DTYPES = (torch.bfloat16, torch.float16)
 """Operand dtypes the kernel takes (tensor-core dot products, fp32 accumulation)."""
 
-VARIANT = "base"
-"""The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when the call names none: "base",
-the kernel as it was, until an H200 run of benchmarks/symmetric_kernel.py says which is faster."""
+VARIANT = "tma"
+"""The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when the call names none: "tma" (its
+launch: 4 warps, 4 stages), the fastest on every stack of the H200 run above (1.80-2.08x cuBLAS,
+1.18-1.36x "base")."""
 
 TILE, TILE_K, WARPS, STAGES = 128, 64, 8, 3
-"""Tile rows/columns, reduction step, warps and pipeline stages on a GPU (H100/H200-class)."""
+"""Tile rows/columns, reduction step, and the warps and pipeline stages of a variant that names none
+(a `Variant`'s own launch comes first), on a GPU (H100/H200-class)."""
 
 
 @dataclass
@@ -131,112 +146,72 @@ def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
 
 
 @triton.jit
-def _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, pair, batch, k, alpha, beta,
+def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, alpha, beta,
                      HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
-                     TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_R: tl.constexpr):
-    """Tile (ti, tu): rows ti * TILE_M + [0, TILE_M) against columns tu * TILE_M + [0, TILE_N), tu >= ti,
-    by TMA loads; stored with its transpose by TMA, in TILE_M x TILE_M squares."""
-    ti, tu = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
+                     TILE_M: tl.constexpr, TILE_R: tl.constexpr):
+    # tile (ti, tj), tj >= ti, of matrix `batch`: loads and stores by TMA
+    pair = tl.program_id(0)
+    batch = tl.program_id(1)
+    ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
     r0 = ti * TILE_M
-    c0 = tu * TILE_M
-    acc = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
+    c0 = tj * TILE_M
+    acc = tl.zeros((TILE_M, TILE_M), dtype=tl.float32)
     for k0 in range(0, k, TILE_R):
         if A_T:  # a's columns are contiguous (a transposed view): load the [TILE_R, TILE_M] block of aᵀ
             a = tl.trans(a_desc.load([batch, k0, r0]).reshape(TILE_R, TILE_M))
         else:
             a = a_desc.load([batch, r0, k0]).reshape(TILE_M, TILE_R)
-        if B_T:  # b's rows are its columns: load the row-major [TILE_N, TILE_R] block of bᵀ, feed it transposed
-            b = b_desc.load([batch, c0, k0]).reshape(TILE_N, TILE_R)
+        if B_T:  # b's rows are its columns: load the row-major [TILE_M, TILE_R] block of bᵀ, feed it transposed
+            b = b_desc.load([batch, c0, k0]).reshape(TILE_M, TILE_R)
             acc = tl.dot(a, tl.trans(b), acc)
         else:
-            b = b_desc.load([batch, k0, c0]).reshape(TILE_R, TILE_N)
+            b = b_desc.load([batch, k0, c0]).reshape(TILE_R, TILE_M)
             acc = tl.dot(a, b, acc)
     acc = acc * alpha
     if HAS_C:  # TMA zero-fills past the matrix's edge
-        acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_N).to(tl.float32)
+        acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_M).to(tl.float32)
     result = acc.to(out_ptr.dtype.element_ty)
-    # the first square of a row's first tile (tu == ti) is a diagonal block: its lower half is replaced
-    # by the transpose of its upper half, so the block and its transposed store are the same bits (TMA
-    # writes the block twice, identically); every other square lies wholly above the diagonal. No
-    # branch: the same code for every tile (the persistent loop's options want a plain body).
+    # a diagonal tile (tj == ti): its lower half is replaced by the transpose of its upper half, so the
+    # tile and its transposed store are the same bits (TMA writes it twice, identically); every other
+    # tile lies wholly above the diagonal. Stores past the matrix's edge are clipped.
     idx = tl.arange(0, TILE_M)
-    lower = (idx[:, None] > idx[None, :]) & (tu == ti)
-    if TILE_N == TILE_M:
-        left = tl.where(lower, tl.trans(result), result)
-        out_desc.store([batch, r0, c0], left.reshape(1, TILE_M, TILE_M))
-        out_desc.store([batch, c0, r0], tl.trans(left).reshape(1, TILE_M, TILE_M))
-    else:  # TILE_N == 2 * TILE_M: the left and right squares (stores past the matrix's edge are clipped)
-        left, right = tl.split(tl.permute(tl.reshape(result, (TILE_M, 2, TILE_M)), (0, 2, 1)))
-        left = tl.where(lower, tl.trans(left), left)
-        out_desc.store([batch, r0, c0], left.reshape(1, TILE_M, TILE_M))
-        out_desc.store([batch, r0, c0 + TILE_M], right.reshape(1, TILE_M, TILE_M))
-        out_desc.store([batch, c0, r0], tl.trans(left).reshape(1, TILE_M, TILE_M))
-        out_desc.store([batch, c0 + TILE_M, r0], tl.trans(right).reshape(1, TILE_M, TILE_M))
-
-
-@triton.jit
-def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, n_pairs, n_batch, k, alpha, beta,
-                     HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TILE_M: tl.constexpr,
-                     TILE_N: tl.constexpr, TILE_R: tl.constexpr, PERSISTENT: tl.constexpr, PROGRAMS: tl.constexpr):
-    if PERSISTENT:  # PROGRAMS programs (one per SM), each looping over (batch, pair) with a stride
-        for t in range(tl.program_id(0), n_pairs * n_batch, PROGRAMS):
-            _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, t % n_pairs, t // n_pairs, k,
-                             alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_N, TILE_R)
-    else:
-        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, tl.program_id(0), tl.program_id(1),
-                         k, alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_N, TILE_R)
-
-
-@triton.jit
-def _upper_tiles_loop(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, n_pairs, n_batch, k, alpha, beta,
-                      HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TILE_M: tl.constexpr,
-                      TILE_N: tl.constexpr, TILE_R: tl.constexpr, PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
-                      WS: tl.constexpr):
-    # the persistent loop as tl.range(flatten=...): the compiler pipelines the next tile's loads
-    # across this tile's epilogue; warp_specialize: producer and consumer warps (triton >= 3.5)
-    for t in tl.range(tl.program_id(0), n_pairs * n_batch, PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
-        _descriptor_tile(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, t % n_pairs, t // n_pairs, k,
-                         alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_N, TILE_R)
+    lower = (idx[:, None] > idx[None, :]) & (tj == ti)
+    result = tl.where(lower, tl.trans(result), result)
+    out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_M))
+    out_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_M, TILE_M))
 
 
 _PAIRS: dict[tuple, torch.Tensor] = {}
 
 
-def pair_list(tiles: int, ratio: int = 1, group: int = 0) -> list[tuple[int, int]]:
-    """(i, u) for the tiles of an m x m product cut into `tiles` blocks of TILE rows: row block i against
-    the `ratio` column blocks from u on, u = i, i + ratio, ... < tiles; each entry on or above the
-    diagonal lies in exactly one tile, and a row's first tile starts on the diagonal. ratio 1: the
-    T (T + 1) / 2 square tiles i <= u; ratio 2: 128 x 256 tiles (272 at T = 32, 0.53 of the product).
-    Order: row-major, or with `group` > 0 in groups of `group` row blocks, column by column within a
-    group (tiles in flight together share their operands in L2)."""
-    needed = [(i, u) for i in range(tiles) for u in range(i, tiles, ratio)]
+def pair_list(tiles: int, group: int = 0) -> list[tuple[int, int]]:
+    """(i, j), i <= j, for the T (T + 1) / 2 upper tiles of an m x m product cut into `tiles` = T blocks
+    of TILE rows: each entry on or above the diagonal lies in exactly one. Order: row-major, or with
+    `group` > 0 in groups of `group` row blocks, column by column within a group (tiles in flight
+    together share their operands in L2)."""
+    needed = [(i, j) for i in range(tiles) for j in range(i, tiles)]
     if group <= 0:
         return needed
     return sorted(needed, key=lambda p: (p[0] // group, p[1], p[0]))
 
 
-def _pairs(tiles: int, device: torch.device, ratio: int = 1, group: int = 0) -> torch.Tensor:
+def _pairs(tiles: int, device: torch.device, group: int = 0) -> torch.Tensor:
     """pair_list as an int32 [P, 2] tensor on `device` (cached)."""
-    key = (tiles, str(device), ratio, group)
+    key = (tiles, str(device), group)
     if key not in _PAIRS:
-        _PAIRS[key] = torch.tensor(pair_list(tiles, ratio, group), dtype=torch.int32, device=device)
+        _PAIRS[key] = torch.tensor(pair_list(tiles, group), dtype=torch.int32, device=device)
     return _PAIRS[key]
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One way to run the kernel. `descriptors`: TMA loads through tensor descriptors (else masked
-    pointer loads); `even`: unmasked pointer loads where the shape allows; `tile_n`: columns per tile
-    in units of `tile` (2: rectangular 128 x 256 tiles, stored by their upper triangle); `persistent`:
-    one program per SM looping over the tiles, with `loop` "flatten" or "warp_specialize" as a tl.range
-    of that option (triton >= 3.4 / 3.5); `group`: row blocks per L2 group of the tile order;
-    `warps`, `stages`: the launch (None: WARPS, STAGES, read at the call)."""
+    """One way to run the kernel. `descriptors`: TMA loads and stores through tensor descriptors (else
+    masked pointer loads); `even`: unmasked pointer loads where the shape allows; `group`: row blocks
+    per L2 group of the tile order; `warps`, `stages`: the launch (None: WARPS, STAGES, read at the
+    call)."""
 
     descriptors: bool = False
     even: bool = False
-    tile_n: int = 1
-    persistent: bool = False
-    loop: str = ""
     group: int = 0
     warps: int | None = None
     stages: int | None = None
@@ -245,19 +220,10 @@ class Variant:
 VARIANTS = {
     "base": Variant(),
     "even": Variant(even=True),
-    "tma": Variant(descriptors=True, group=8),
-    "rect": Variant(descriptors=True, tile_n=2, group=8),
-    "persistent": Variant(descriptors=True, tile_n=2, persistent=True, group=8),
-    # a flattened loop keeps its pipeline buffers through the epilogue: at 3 stages beta C + alpha C·C
-    # needs 240 KiB of shared memory (sm_90 compile, triton 3.9), past the H200's 227 KiB
-    "persistent-flat": Variant(descriptors=True, tile_n=2, persistent=True, loop="flatten", group=8, stages=2),
-    "persistent-ws": Variant(descriptors=True, tile_n=2, persistent=True, loop="warp_specialize", group=8),
+    # 4 warps, 4 stages: 1.03-1.08x the default launch's 8 warps, 3 stages on the H200 (the table above)
+    "tma": Variant(descriptors=True, group=8, warps=4, stages=4),
 }
-"""The kernel variants (issue 13), by name: "base" is the kernel measured at 337 ms of the 24-layer step."""
-
-EXPERIMENTAL = frozenset({"persistent-flat", "persistent-ws"})
-"""Variants whose loop options a given triton may not compile for this kernel (flattening a loop with a
-branching epilogue, warp specialization on Hopper): the GPU tests skip them when they fail to compile."""
+"""The kernel variants (issue 13), by name: "base" is the kernel as first written."""
 
 BROKEN: dict[str, str] = {}
 """Variants that failed to compile or launch as the default (VARIANT) in this process, with the error:
@@ -273,12 +239,6 @@ try:  # absent before triton 3.4: the descriptor variants then fall back to "bas
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
 except ImportError:  # pragma: no cover - depends on the installed triton
     _TensorDescriptor = None
-
-
-try:  # tl.range's options (flatten: triton >= 3.4, warp_specialize: >= 3.5); none under older ones
-    _RANGE_OPTIONS = frozenset(inspect.signature(tl.range).parameters)
-except (TypeError, ValueError):  # pragma: no cover - depends on the installed triton
-    _RANGE_OPTIONS = frozenset()
 
 
 def _by_columns(t: torch.Tensor) -> bool:
@@ -316,8 +276,6 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
             return "base"
         if input is not None and not _descriptor_ok(input):
             return "base"
-        if v.loop and v.loop not in _RANGE_OPTIONS:
-            return "persistent"
     return name
 
 
@@ -362,10 +320,10 @@ def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stag
     fn[grid](*args, **constexprs, **extra)
 
 
-def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, tile_k=None, programs=None):
+def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, tile_k=None):
     """(kernel, grid, positional arguments, constexpr keywords) that run variant `v` on these operands
     (resolved: `v` must suit them). Also what benchmarks/symmetric_kernel.py --compile-only compiles,
-    with meta tensors and `programs` (SMs) given."""
+    with meta tensors."""
     tile, tile_k = tile or TILE, tile_k or TILE_K
     batch, m, k = a.shape
     if not v.descriptors:
@@ -375,7 +333,6 @@ def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, ti
                 float(beta))
         return _upper_tiles, (pairs.shape[0], batch), args, dict(HAS_C=input is not None, TILE_M=tile,
                                                                    TILE_R=tile_k, EVEN=v.even)
-    tile_n = tile * v.tile_n
     a_t, b_t = _by_columns(a), _by_columns(b)
     desc = _TensorDescriptor
     if a_t:
@@ -385,29 +342,12 @@ def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, ti
         a_desc = desc(a, list(a.shape), list(a.stride()), [1, tile, tile_k])
     if b_t:
         bt = b.mT
-        b_desc = desc(bt, list(bt.shape), list(bt.stride()), [1, tile_n, tile_k])
+        b_desc = desc(bt, list(bt.shape), list(bt.stride()), [1, tile, tile_k])
     else:
-        b_desc = desc(b, list(b.shape), list(b.stride()), [1, tile_k, tile_n])
+        b_desc = desc(b, list(b.shape), list(b.stride()), [1, tile_k, tile])
     out_desc = desc(out, list(out.shape), list(out.stride()), [1, tile, tile])
-    c_desc = out_desc if input is None else desc(input, list(input.shape), list(input.stride()), [1, tile, tile_n])
-    pairs = _pairs(triton.cdiv(m, tile), a.device, v.tile_n, v.group)
-    n_pairs = pairs.shape[0]
-    if v.persistent:
-        programs = programs or _sm_count(a.device)  # a constexpr: one compile per device, not per shape
-        grid = (min(programs, n_pairs * batch), 1)
-    else:
-        programs, grid = 1, (n_pairs, batch)
-    args = (a_desc, b_desc, c_desc, out_desc, out, pairs, n_pairs, batch, k, float(alpha), float(beta))
-    constexprs = dict(HAS_C=input is not None, A_T=a_t, B_T=b_t, TILE_M=tile, TILE_N=tile_n, TILE_R=tile_k,
-                      PROGRAMS=programs)
-    if v.loop:
-        return _upper_tiles_loop, grid, args, dict(constexprs, FLATTEN=v.loop == "flatten",
-                                                   WS=v.loop == "warp_specialize")
-    return _upper_tiles_tma, grid, args, dict(constexprs, PERSISTENT=v.persistent)
-
-
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device` (4 under the interpreter)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    c_desc = out_desc if input is None else desc(input, list(input.shape), list(input.stride()), [1, tile, tile])
+    pairs = _pairs(triton.cdiv(m, tile), a.device, v.group)
+    args = (a_desc, b_desc, c_desc, out_desc, out, pairs, k, float(alpha), float(beta))
+    return _upper_tiles_tma, (pairs.shape[0], batch), args, dict(HAS_C=input is not None, A_T=a_t, B_T=b_t,
+                                                                   TILE_M=tile, TILE_R=tile_k)

@@ -58,18 +58,12 @@ def assert_mirrored(got, tile):
         assert torch.equal(got[:, lo:hi, hi:], got[:, hi:, lo:hi].mT)
 
 
-VARIANTS = ["base", "even", "tma", "rect", "persistent", "persistent-flat", "persistent-ws"]
+VARIANTS = ["base", "even", "tma"]
 
 
 def product(kernel, *args, variant, **kwargs):
-    """kernel.symmetric_baddbmm by `variant`; on a GPU an EXPERIMENTAL variant this triton cannot compile
-    is skipped (the benchmark reports it), any other failure fails."""
-    try:
-        return kernel.symmetric_baddbmm(*args, variant=variant, **kwargs)
-    except Exception as e:
-        if variant in kernel.EXPERIMENTAL and not kernel.interpreted():
-            pytest.skip(f"{variant} does not compile with this triton: {type(e).__name__}: {str(e)[:200]}")
-        raise
+    """kernel.symmetric_baddbmm by `variant`."""
+    return kernel.symmetric_baddbmm(*args, variant=variant, **kwargs)
 
 
 def assert_exact_mirror(got, kernel, variant):
@@ -187,8 +181,7 @@ def test_a_batch_offset_past_int32_is_addressed_in_int64(kernel):
     a.copy_(stack(2, 256, 128, seed=7, dtype=torch.bfloat16))
     exact = torch.bmm(a.float(), a.float().mT)
     for variant in VARIANTS:
-        if variant not in kernel.EXPERIMENTAL:
-            assert_one_rounding(kernel.symmetric_baddbmm(None, a, a.mT, variant=variant), exact, torch.bfloat16)
+        assert_one_rounding(kernel.symmetric_baddbmm(None, a, a.mT, variant=variant), exact, torch.bfloat16)
 
 
 def test_a_matrix_past_int32_offsets_is_not_usable(kernel):
@@ -200,27 +193,23 @@ def test_a_matrix_past_int32_offsets_is_not_usable(kernel):
     assert kernel.usable(stack(1, 32, 16)) and not kernel.usable(stack(1, 32, 16).float())
 
 
-@pytest.mark.parametrize("m, tile, ratio", [(4096, 128, 1), (4096, 128, 2), (40, 16, 2), (33, 16, 2), (48, 16, 1),
-                                            (300, 128, 2), (96, 16, 2)])
+@pytest.mark.parametrize("m, tile", [(4096, 128), (40, 16), (33, 16), (48, 16), (300, 128), (96, 16)])
 @pytest.mark.parametrize("group", [0, 8])
-def test_tile_pairs_cover_the_upper_triangle_once(kernel, m, tile, ratio, group):
-    """Every entry (r, c), c >= r, lies in exactly one listed tile (row block i, columns u * tile +
-    [0, ratio * tile)), each row's first tile starts on the diagonal, and the grouped order is a
-    permutation of the row-major one."""
+def test_tile_pairs_cover_the_upper_triangle_once(kernel, m, tile, group):
+    """Every entry (r, c), c >= r, lies in exactly one listed tile (row block i, column block j >= i):
+    the T (T + 1) / 2 upper tiles, and the grouped order is a permutation of the row-major one."""
     tiles = -(-m // tile)
-    pairs = kernel.pair_list(tiles, ratio, group)
-    assert sorted(pairs) == kernel.pair_list(tiles, ratio) and len(set(pairs)) == len(pairs)
-    assert all(i <= u < tiles for i, u in pairs) and {i for i, u in pairs if u == i} == set(range(tiles))
-    cover = torch.zeros(tiles * tile, tiles * tile + ratio * tile, dtype=torch.int32)
-    for i, u in pairs:
-        cover[i * tile:(i + 1) * tile, u * tile:(u + ratio) * tile] += 1
+    pairs = kernel.pair_list(tiles, group)
+    assert sorted(pairs) == kernel.pair_list(tiles) and len(set(pairs)) == len(pairs)
+    assert all(i <= j < tiles for i, j in pairs) and len(pairs) == tiles * (tiles + 1) // 2
+    cover = torch.zeros(tiles * tile, tiles * tile, dtype=torch.int32)
+    for i, j in pairs:
+        cover[i * tile:(i + 1) * tile, j * tile:(j + 1) * tile] += 1
     upper = torch.ones(m, m, dtype=torch.bool).triu()
     assert (cover[:m, :m][upper] == 1).all()
-    if ratio == 1:  # square tiles: exactly the T (T + 1) / 2 upper tiles
-        assert len(pairs) == tiles * (tiles + 1) // 2
-    if (m, tile, ratio) == (4096, 128, 2):
-        assert len(pairs) == 272  # 544 of the 1024 128 x 128 squares: 0.53 of the full product
-        assert kernel._pairs(tiles, torch.device("cpu"), ratio, group).shape == (272, 2)
+    if m == 4096:
+        assert len(pairs) == 528  # of the 1024 128 x 128 tiles: 0.52 of the full product
+        assert kernel._pairs(tiles, torch.device("cpu"), group).shape == (528, 2)
 
 
 def test_variants_fall_back_where_they_cannot_run(kernel, monkeypatch):
@@ -231,23 +220,25 @@ def test_variants_fall_back_where_they_cannot_run(kernel, monkeypatch):
     assert kernel.resolve("even", None, x, x.mT, **t) == "even"
     assert kernel.resolve("even", None, stack(1, 32, 40), stack(1, 32, 40).mT, **t) == "base"
     aligned, odd_k, odd_m = stack(1, 40, 72), stack(1, 40, 70), stack(1, 36, 72)
-    for name in ("tma", "rect", "persistent"):
-        runs = name if kernel.descriptors_available() else "base"
-        assert kernel.resolve(name, None, aligned, aligned.mT, **t) == runs
-        assert kernel.resolve(name, None, odd_k, odd_k.mT, **t) == "base"  # 70 x 2 bytes per row
-        assert kernel.resolve(name, None, odd_m, odd_m.mT, **t) == "base"  # the output's rows: 36 x 2 bytes
-        c = stack(1, 40, 40)
-        assert kernel.resolve(name, c, c, c, **t) == (name if kernel.descriptors_available() else "base")
-        assert kernel.resolve(name, c.mT.contiguous().mT, c, c, **t) == "base"  # input by columns
+    runs = "tma" if kernel.descriptors_available() else "base"
+    assert kernel.resolve("tma", None, aligned, aligned.mT, **t) == runs
+    assert kernel.resolve("tma", None, odd_k, odd_k.mT, **t) == "base"  # 70 x 2 bytes per row
+    assert kernel.resolve("tma", None, odd_m, odd_m.mT, **t) == "base"  # the output's rows: 36 x 2 bytes
+    c = stack(1, 40, 40)
+    assert kernel.resolve("tma", c, c, c, **t) == runs
+    assert kernel.resolve("tma", c.mT.contiguous().mT, c, c, **t) == "base"  # input by columns
     monkeypatch.setattr(kernel, "_TensorDescriptor", None)
     assert kernel.resolve("tma", None, aligned, aligned.mT, **t) == "base"
     with pytest.raises(ValueError, match="unknown variant"):
         kernel.resolve("fastest", None, x, x.mT)
 
 
-def test_the_default_is_the_base_kernel_until_timed(kernel):
-    """VARIANT flips only after the H200 numbers of benchmarks/symmetric_kernel.py say so (issue 13)."""
-    assert kernel.VARIANT == "base" and set(VARIANTS) == set(kernel.VARIANTS)
+def test_the_default_is_tma_at_4_warps_4_stages_the_fastest_measured(kernel):
+    """VARIANT is "tma" launched with 4 warps and 4 stages: on one H200 (torch 2.11, triton 3.6) the
+    fastest on every stack of benchmarks/symmetric_kernel.py (1.80-2.08x cuBLAS; issue 13)."""
+    assert kernel.VARIANT == "tma" and set(VARIANTS) == set(kernel.VARIANTS)
+    tma = kernel.VARIANTS["tma"]
+    assert tma.descriptors and (tma.warps, tma.stages) == (4, 4)
 
 
 def test_a_default_variant_that_fails_to_compile_falls_back_to_base(kernel, monkeypatch):
@@ -284,7 +275,7 @@ def test_the_benchmark_runs_quick(kernel, capsys):
     spec = importlib.util.spec_from_file_location("symmetric_kernel_benchmark", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.main(["--quick", "--variants", "base,tma,rect", "--shapes", "0,1"]) == 0
+    assert bench.main(["--quick", "--variants", "base,even,tma", "--shapes", "0,1"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| X") or line.startswith("| A")]
     assert len(rows) == 2 * 5 and not any("failed" in line for line in rows), out
@@ -292,9 +283,10 @@ def test_the_benchmark_runs_quick(kernel, capsys):
 
 
 def test_the_variants_compile_for_sm90_within_an_h200_block(kernel):
-    """benchmarks/symmetric_kernel.py --compile-only (no GPU: triton's own ptxas) compiles "rect" for
-    sm_90 as a launch would specialise it, pipelined (async wgmma), by TMA, in at most 227 KiB of shared
-    memory, without spills. In a process of its own: this one may run triton's interpreter."""
+    """benchmarks/symmetric_kernel.py --compile-only (no GPU: triton's own ptxas) compiles the default,
+    "tma" at its 4 warps and 4 stages, for sm_90 as a launch would specialise it, pipelined (async
+    wgmma), by TMA, in at most 227 KiB of shared memory, without spills. In a process of its own: this
+    one may run triton's interpreter."""
     import pathlib
     import subprocess
     import sys
@@ -306,12 +298,12 @@ def test_the_variants_compile_for_sm90_within_an_h200_block(kernel):
     root = pathlib.Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "symmetric_kernel.py"), "--compile-only",
-                           "--variants", "rect", "--no-sweep", "--shapes", "2"],
+                           "--variants", "tma", "--no-sweep", "--shapes", "2"],
                           capture_output=True, text=True, env=env, cwd=root, timeout=600)
     if done.returncode == 2:
         pytest.skip(done.stdout.strip())
     assert done.returncode == 0, done.stdout + done.stderr
-    row = [line for line in done.stdout.splitlines() if "| rect |" in line]
+    row = [line for line in done.stdout.splitlines() if "| tma |" in line]
     assert len(row) == 1, done.stdout
     cells = [c.strip() for c in row[0].split("|")]
-    assert cells[3] == "rect" and cells[6] == "yes" and cells[8] in ("0", "") and cells[9:11] == ["yes", "yes"], row
+    assert cells[3] == "tma" and cells[6] == "yes" and cells[8] in ("0", "") and cells[9:11] == ["yes", "yes"], row
