@@ -116,6 +116,9 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                    help="judge N single-process cases at once in spawned worker processes, each with "
                         "cores/N BLAS threads (default 1: in this process; ignored under torchrun)")
+    p.add_argument("--threads", type=_jobs, metavar="T",
+                   help="with --jobs: BLAS threads per worker (default: cores / N; name it when several runs "
+                        "share the machine, so that their workers' threads add up to its cores)")
 
 
 def _jobs(text: str) -> int:
@@ -343,7 +346,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
             if progress:
                 print(f"backend {backend}:", file=progress)
             records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
-                           pictures=pictures, jobs=args.jobs)
+                           pictures=pictures, jobs=args.jobs, threads=args.threads)
     except Interrupted as exc:
         records += exc.records
         stopped = exc

@@ -193,11 +193,11 @@ def _worker_case(case_id: str, target_spec: str, backend: str, timeout: float | 
     return records, pictures.kept()
 
 
-def _pool(jobs: int) -> multiprocessing.pool.Pool:
-    """`jobs` spawned worker processes (CUDA-safe), each with threads_per_job(jobs) BLAS threads: the
-    variables are set in this process's environment while the workers start (they inherit it), then
-    restored."""
-    threads = str(threads_per_job(jobs))
+def _pool(jobs: int, threads: int | None = None) -> multiprocessing.pool.Pool:
+    """`jobs` spawned worker processes (CUDA-safe), each with `threads` BLAS threads (default
+    threads_per_job(jobs)): the variables are set in this process's environment while the workers start
+    (they inherit it), then restored."""
+    threads = str(threads or threads_per_job(jobs))
     saved = {v: os.environ.get(v) for v in THREAD_VARIABLES}
     os.environ.update({v: threads for v in THREAD_VARIABLES})
     try:
@@ -213,7 +213,7 @@ def _pool(jobs: int) -> multiprocessing.pool.Pool:
 def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = "cpu",
         progress: TextIO | None = sys.stderr, ranks: TorchrunRanks | None = None, *,
         timeout: float | None = None, interval: float = PROGRESS_SECONDS,
-        pictures: Pictures | None = None, jobs: int = 1) -> list[Record]:
+        pictures: Pictures | None = None, jobs: int = 1, threads: int | None = None) -> list[Record]:
     """Run the `cases` that `backend` accepts (single-process or distributed), each distributed one
     within `timeout` seconds (see `run_case`); prints each failing check and a progress line at
     least every `interval` seconds (harness/progress.py). Under torchrun only rank 0 prints and
@@ -221,8 +221,9 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
     records of the cases finished before it (the case it interrupted is dropped).
 
     `jobs` > 1 (not under torchrun): the single-process cases are judged in that many spawned worker
-    processes at once, each with threads_per_job(jobs) BLAS threads (the FP64 oracles' LAPACK work is
-    most of a large case's time), the distributed ones here meanwhile; records come back in case order,
+    processes at once, each with `threads` BLAS threads (default threads_per_job(jobs): the cores shared
+    out; name it when several runs share the machine; the FP64 oracles' LAPACK work is most of a large
+    case's time), the distributed ones here meanwhile; records come back in case order,
     the same records as one process gives (every check is deterministic; `seconds` differ)."""
     chosen = backends.get(backend)
     cases = [c for c in cases if chosen.accepts(c)]
@@ -230,7 +231,8 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
         progress = None
     torch.set_num_threads(1)  # deterministic kernels; parallelism comes from processes
     if jobs > 1 and ranks is None and sum(c.world_size == 1 for c in cases) > 1:
-        return _run_parallel(cases, target, target_spec, backend, progress, timeout, interval, pictures, jobs)
+        return _run_parallel(cases, target, target_spec, backend, progress, timeout, interval, pictures, jobs,
+                             threads)
     records: list[Record] = []
     done = 0
     try:
@@ -249,12 +251,13 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
 
 
 def _run_parallel(cases: list[Case], target: Target, target_spec: str, backend: str, progress: TextIO | None,
-                  timeout: float | None, interval: float, pictures: Pictures | None, jobs: int) -> list[Record]:
+                  timeout: float | None, interval: float, pictures: Pictures | None, jobs: int,
+                  threads: int | None = None) -> list[Record]:
     """`run` with the single-process cases on a pool of `jobs` workers (see `run`)."""
     single = [i for i, c in enumerate(cases) if c.world_size == 1]
     got: dict[int, list[Record]] = {}
     keep = pictures.limit if pictures is not None else 0
-    pool = _pool(min(jobs, len(single)))
+    pool = _pool(min(jobs, len(single)), threads)
     try:
         with Progress(progress, len(cases), interval) as shown:
             pending = {i: pool.apply_async(_worker_case, (cases[i].id, target_spec, backend, timeout, keep))

@@ -36,6 +36,12 @@ def test_the_pool_workers_get_their_share_of_threads(monkeypatch):
     assert all(v == {name: "3" for name in runner.THREAD_VARIABLES} for v in seen)
     import os
     assert os.environ["OPENBLAS_NUM_THREADS"] == "99", "the parent's own setting is restored"
+    pool = runner._pool(1, threads=5)
+    try:
+        assert pool.map(_thread_variables, [0]) == [{name: "5" for name in runner.THREAD_VARIABLES}]
+    finally:
+        pool.close()
+        pool.join()
 
 
 def _thread_variables(_: int) -> dict[str, str | None]:
@@ -56,7 +62,8 @@ def test_jobs_give_the_records_and_pictures_of_one_process():
 
 
 def test_run_jobs_option(tmp_path, capsys):
-    assert cli.main(["run", "--select", SELECT, "--jobs", "2", "--quiet", "--out", str(tmp_path)]) == 0
+    assert cli.main(["run", "--select", SELECT, "--jobs", "2", "--threads", "1", "--quiet", "--out",
+                     str(tmp_path)]) == 0
     records, _ = load_run(tmp_path)
     assert {r.case_id for r in records} == {c.id for c in select("ci", [SELECT]) if c.world_size == 1}
     with pytest.raises(SystemExit) as exit:
