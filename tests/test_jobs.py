@@ -70,3 +70,29 @@ def test_run_jobs_option(tmp_path, capsys):
         cli.main(["run", "--select", SELECT, "--jobs", "0", "--out", str(tmp_path)])
     assert exit.value.code == 2
     assert "--jobs" in capsys.readouterr().err
+
+
+def test_a_large_error_is_pooled_for_its_picture_and_a_small_one_is_not(monkeypatch):
+    """The gpu tier's 2048 x 4608 error drawn element by element was a 1 GB report.html: it is pooled into
+    blocks (each the largest |err| of its block, so the worst element still shows), and `where` says so;
+    a CI or nightly sized error is kept element by element."""
+    import numpy as np
+    from harness import checks, details
+    rng = np.random.default_rng(0)
+    small = rng.standard_normal((384, 96))
+    assert details.pooled(small)[0] is small
+    big = rng.standard_normal((2048, 4608)) * 1e-6
+    big[1234, 4321] = 5.0
+    cells, block = details.pooled(big)
+    assert block > 1 and cells.size <= details.HEATMAP_CELLS
+    assert cells.max() == 5.0 and cells[1234 // block, 4321 // block] == 5.0
+    monkeypatch.setattr(details, "POOL_ABOVE", 1000)  # the keeper's path on a matrix of test size
+    monkeypatch.setattr(details, "HEATMAP_CELLS", 64)
+    mid = rng.standard_normal((40, 60))
+    cells, block = details.pooled(mid)
+    keeper = details.Pictures()
+    record = runner._record(select("gpu", ["conv2d_gpu"])[0], load_target("ours"), "reference", "pass", "cuda",
+                            "", 0.0, ratio=0.5)
+    keeper.offer(record, checks.Evidence("member 0 step 1", mid, np.zeros_like(mid)))
+    (detail,) = keeper.details()
+    assert detail.error.shape == cells.shape and cells.size <= 64 and f"{block} x {block} block" in detail.where
