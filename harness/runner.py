@@ -182,14 +182,14 @@ def _worker_start() -> None:
 
 def _worker_case(case_id: str, target_spec: str, backend: str, timeout: float | None,
                  keep: int) -> tuple[list[Record], list]:
-    """One single-process case judged in a `--jobs` worker: its records, and the reference evidence its
-    own Pictures keeper kept (offered again to the parent's)."""
+    """One single-process case judged in a `--jobs` worker: its records (with their diagnosis, made here,
+    where the case's oracle decompositions are memoised and cases run side by side), and the reference
+    evidence its own Pictures keeper kept (offered again to the parent's)."""
     from harness.targets import load_target
     if target_spec not in _WORKER_TARGETS:
         _WORKER_TARGETS[target_spec] = load_target(target_spec)
-    pictures = Pictures(keep)
-    records = run_case(Case.from_id(case_id), _WORKER_TARGETS[target_spec], target_spec, backend, None, timeout,
-                       pictures)
+    pictures, case, target = Pictures(keep), Case.from_id(case_id), _WORKER_TARGETS[target_spec]
+    records = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, None, timeout, pictures))
     return records, pictures.kept()
 
 
@@ -269,8 +269,7 @@ def _run_parallel(cases: list[Case], target: Target, target_spec: str, backend: 
                     shown.case_done(case.id, got[i])
             while pending:
                 for i in [i for i, result in pending.items() if result.ready()]:
-                    records, kept = pending.pop(i).get()
-                    got[i] = diagnosis.annotate(cases[i], target, records)
+                    got[i], kept = pending.pop(i).get()
                     if pictures is not None:
                         for record, evidence in kept:
                             pictures.offer(record, evidence)
