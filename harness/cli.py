@@ -341,12 +341,13 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
         print(f"judging {target.name} ({target.version()}) on {len(cases)} {args.tier} cases, "
               f"backends {','.join(backends)}", file=progress)
     records, stopped, pictures = [], None, Pictures()
+    parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
     try:
         for backend in backends:
             if progress:
                 print(f"backend {backend}:", file=progress)
             records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
-                           pictures=pictures, jobs=args.jobs, threads=args.threads)
+                           pictures=pictures, **parallel)
     except Interrupted as exc:
         records += exc.records
         stopped = exc

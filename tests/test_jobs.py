@@ -96,3 +96,16 @@ def test_a_large_error_is_pooled_for_its_picture_and_a_small_one_is_not(monkeypa
     keeper.offer(record, checks.Evidence("member 0 step 1", mid, np.zeros_like(mid)))
     (detail,) = keeper.details()
     assert detail.error.shape == cells.shape and cells.size <= 64 and f"{block} x {block} block" in detail.where
+
+
+def test_jobs_and_threads_reach_the_runner(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout, pictures, **parallel):
+        seen.append(parallel)
+        return []
+
+    monkeypatch.setattr(cli, "run", fake_run)
+    cli.main(["run", "--select", SELECT, "--quiet", "--out", str(tmp_path / "a")])
+    cli.main(["run", "--select", SELECT, "--quiet", "--jobs", "3", "--threads", "2", "--out", str(tmp_path / "b")])
+    assert seen == [{}, {"jobs": 3, "threads": 2}]
