@@ -113,6 +113,23 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"with --baseline: error growth factor that counts (default {DEFAULT_GROWTH:g})")
     p.add_argument("--force", action="store_true", help="with --baseline: compare even if not comparable")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+                   help="judge N single-process cases at once in spawned worker processes, each with "
+                        "cores/N BLAS threads (default 1: in this process; ignored under torchrun)")
+    p.add_argument("--threads", type=_jobs, metavar="T",
+                   help="with --jobs: BLAS threads per worker (default: cores / N; name it when several runs "
+                        "share the machine, so that their workers' threads add up to its cores)")
+
+
+def _jobs(text: str) -> int:
+    """An argparse type: a whole number of jobs, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
 
 
 def _diff_arguments(p: argparse.ArgumentParser) -> None:
@@ -324,12 +341,13 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
         print(f"judging {target.name} ({target.version()}) on {len(cases)} {args.tier} cases, "
               f"backends {','.join(backends)}", file=progress)
     records, stopped, pictures = [], None, Pictures()
+    parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
     try:
         for backend in backends:
             if progress:
                 print(f"backend {backend}:", file=progress)
             records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
-                           pictures=pictures)
+                           pictures=pictures, **parallel)
     except Interrupted as exc:
         records += exc.records
         stopped = exc

@@ -19,6 +19,13 @@ from harness.checks import Evidence
 from oracles import singular_values
 from reports import Record, worst_first
 
+HEATMAP_CELLS = 2**15
+"""The most cells a pooled picture's error matrix keeps (`pooled`). Drawn whole, one gpu-tier error
+(2048 x 4608) was 9.4 million SVG rectangles, 85 s of Python and a 1 GB report.html."""
+POOL_ABOVE = 2**17
+"""Error matrices of more elements than this are pooled (`pooled`); smaller ones are kept element by element,
+as before: every CI and nightly matrix (the largest, 384 x 96, has 36864 elements)."""
+
 Key = tuple[str, str, str, str, int]
 """Record.key: (case id, check, target, backend, world size)."""
 
@@ -30,6 +37,21 @@ class Detail:
     error: np.ndarray
     sv_judged: np.ndarray
     sv_reference: np.ndarray
+
+
+def pooled(error: np.ndarray) -> tuple[np.ndarray, int]:
+    """(|error| pooled into b x b blocks, each the block's largest |err|, b) for a matrix of more than
+    POOL_ABOVE elements, b the least block side that leaves at most HEATMAP_CELLS cells; (error, 1) else."""
+    m, n = error.shape
+    if m * n <= POOL_ABOVE:
+        return error, 1
+    b = max(2, math.ceil(math.sqrt(m * n / HEATMAP_CELLS)))
+    while math.ceil(m / b) * math.ceil(n / b) > HEATMAP_CELLS:
+        b += 1
+    rows, cols = math.ceil(m / b), math.ceil(n / b)
+    padded = np.zeros((rows * b, cols * b))
+    padded[:m, :n] = np.abs(error)
+    return padded.reshape(rows, b, cols, b).max(axis=(1, 3)), b
 
 
 class Pictures:
@@ -60,6 +82,9 @@ class Pictures:
         out = []
         for record in worst_first(r for r, _ in self._kept.values()):
             evidence = self._kept[record.key][1]
-            out.append(Detail(record.key, evidence.where, evidence.judged - evidence.reference,
+            error, block = pooled(evidence.judged - evidence.reference)
+            where = evidence.where + (f" (heatmap of {evidence.judged.shape[0]} x {evidence.judged.shape[1]}: "
+                                      f"each cell the largest |err| of a {block} x {block} block)" if block > 1 else "")
+            out.append(Detail(record.key, where, error,
                               singular_values(evidence.judged), singular_values(evidence.reference)))
         return out

@@ -8,6 +8,9 @@ or on the ranks of torchrun.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.pool
+import os
 import shlex
 import signal
 import sys
@@ -157,20 +160,79 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
                   pictures)
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+"""The thread counts of the BLAS/LAPACK libraries NumPy and SciPy may use (the FP64 oracles' time is
+theirs), set in each `--jobs` worker before it imports them: jobs x threads stays within the cores."""
+
+
+def threads_per_job(jobs: int, cores: int | None = None) -> int:
+    """The BLAS threads each of `jobs` worker processes gets: the cores shared out, at least one."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    return max(1, cores // max(1, jobs))
+
+
+_WORKER_TARGETS: dict[str, Target] = {}
+
+
+def _worker_start() -> None:
+    torch.set_num_threads(1)  # as `run`: deterministic kernels, parallelism from processes
+
+
+def _worker_case(case_id: str, target_spec: str, backend: str, timeout: float | None,
+                 keep: int) -> tuple[list[Record], list]:
+    """One single-process case judged in a `--jobs` worker: its records (with their diagnosis, made here,
+    where the case's oracle decompositions are memoised and cases run side by side), and the reference
+    evidence its own Pictures keeper kept (offered again to the parent's)."""
+    from harness.targets import load_target
+    if target_spec not in _WORKER_TARGETS:
+        _WORKER_TARGETS[target_spec] = load_target(target_spec)
+    pictures, case, target = Pictures(keep), Case.from_id(case_id), _WORKER_TARGETS[target_spec]
+    records = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, None, timeout, pictures))
+    return records, pictures.kept()
+
+
+def _pool(jobs: int, threads: int | None = None) -> multiprocessing.pool.Pool:
+    """`jobs` spawned worker processes (CUDA-safe), each with `threads` BLAS threads (default
+    threads_per_job(jobs)): the variables are set in this process's environment while the workers start
+    (they inherit it), then restored."""
+    threads = str(threads or threads_per_job(jobs))
+    saved = {v: os.environ.get(v) for v in THREAD_VARIABLES}
+    os.environ.update({v: threads for v in THREAD_VARIABLES})
+    try:
+        return multiprocessing.get_context("spawn").Pool(jobs, initializer=_worker_start)
+    finally:
+        for v, value in saved.items():
+            if value is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = value
+
+
 def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = "cpu",
         progress: TextIO | None = sys.stderr, ranks: TorchrunRanks | None = None, *,
         timeout: float | None = None, interval: float = PROGRESS_SECONDS,
-        pictures: Pictures | None = None) -> list[Record]:
+        pictures: Pictures | None = None, jobs: int = 1, threads: int | None = None) -> list[Record]:
     """Run the `cases` that `backend` accepts (single-process or distributed), each distributed one
     within `timeout` seconds (see `run_case`); prints each failing check and a progress line at
     least every `interval` seconds (harness/progress.py). Under torchrun only rank 0 prints and
     gets records. `Stop` or KeyboardInterrupt ends the run with `Interrupted`, which carries the
-    records of the cases finished before it (the case it interrupted is dropped)."""
+    records of the cases finished before it (the case it interrupted is dropped).
+
+    `jobs` > 1 (not under torchrun): the single-process cases are judged in that many spawned worker
+    processes at once, each with `threads` BLAS threads (default threads_per_job(jobs): the cores shared
+    out; name it when several runs share the machine; the FP64 oracles' LAPACK work is most of a large
+    case's time), the distributed ones here meanwhile; records come back in case order,
+    the same records as one process gives (every check is deterministic; `seconds` differ)."""
     chosen = backends.get(backend)
     cases = [c for c in cases if chosen.accepts(c)]
     if ranks is not None and not ranks.is_driver:
         progress = None
     torch.set_num_threads(1)  # deterministic kernels; parallelism comes from processes
+    if jobs > 1 and ranks is None and sum(c.world_size == 1 for c in cases) > 1:
+        return _run_parallel(cases, target, target_spec, backend, progress, timeout, interval, pictures, jobs,
+                             threads)
     records: list[Record] = []
     done = 0
     try:
@@ -186,4 +248,44 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
     except KeyboardInterrupt:
         raise Interrupted(records, done, len(cases), signal.SIGINT) from None
     return records
+
+
+def _run_parallel(cases: list[Case], target: Target, target_spec: str, backend: str, progress: TextIO | None,
+                  timeout: float | None, interval: float, pictures: Pictures | None, jobs: int,
+                  threads: int | None = None) -> list[Record]:
+    """`run` with the single-process cases on a pool of `jobs` workers (see `run`)."""
+    single = [i for i, c in enumerate(cases) if c.world_size == 1]
+    got: dict[int, list[Record]] = {}
+    keep = pictures.limit if pictures is not None else 0
+    pool = _pool(min(jobs, len(single)), threads)
+    try:
+        with Progress(progress, len(cases), interval) as shown:
+            pending = {i: pool.apply_async(_worker_case, (cases[i].id, target_spec, backend, timeout, keep))
+                       for i in single}
+            for i, case in enumerate(cases):
+                if i not in pending:
+                    got[i] = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, None,
+                                                                       timeout, pictures))
+                    shown.case_done(case.id, got[i])
+            while pending:
+                for i in [i for i, result in pending.items() if result.ready()]:
+                    got[i], kept = pending.pop(i).get()
+                    if pictures is not None:
+                        for record, evidence in kept:
+                            pictures.offer(record, evidence)
+                    shown.case_done(cases[i].id, got[i])
+                if pending:
+                    next(iter(pending.values())).wait(0.2)
+    except (Stop, KeyboardInterrupt) as exc:
+        pool.terminate()
+        finished = [r for i in sorted(got) for r in got[i]]
+        signum = exc.signum if isinstance(exc, Stop) else signal.SIGINT
+        raise Interrupted(finished, len(got), len(cases), signum) from None
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.close()
+        pool.join()
+    return [r for i in sorted(got) for r in got[i]]
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from cases import Case
 from harness.algorithms import algorithm
-from oracles import Conventions, Orthogonalizer, matrix_view
+from oracles import Conventions, Orthogonalizer, matrix_view, singular_values
+from oracles.spectral import GRAM_MIN_SIDE
 from oracles.coefficients import Coefficients
 
 RANK_GAP = 4.0
@@ -110,6 +111,15 @@ def _squares(spec: Orthogonalizer, s: np.ndarray, shape: tuple[int, int]) -> tup
     return float(np.sum(err**2)), float(np.sum(f**2)), ""
 
 
+def _singular_values(stack: np.ndarray) -> np.ndarray:
+    """Singular values [B, k] of a stack [B, m, n]: one batched LAPACK call for small matrices; for large
+    ones (short side >= oracles.spectral.GRAM_MIN_SIDE, the gpu tier's) the oracle's memoised decomposition
+    of each, which the reference step then reuses (the same matrices: the directions it orthogonalizes)."""
+    if min(stack.shape[-2:]) < GRAM_MIN_SIDE:
+        return np.linalg.svd(stack, compute_uv=False)
+    return np.stack([singular_values(m) for m in stack]) if len(stack) else np.zeros((0, min(stack.shape[-2:])))
+
+
 def of_direction(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> Sensitivity:
     """Sensitivity of orth(u) for one parameter-shaped direction `u` (already in the compute format)."""
     return of_matrices(matrix_view(np.asarray(u, np.float64), flatten), spec)
@@ -124,7 +134,7 @@ def of_matrices(mats: np.ndarray | Sequence[np.ndarray], spec: Orthogonalizer) -
     err_sq = ref_sq = 0.0
     notes, condition = [], 1.0
     for stack in stacks:
-        s = np.linalg.svd(stack, compute_uv=False)
+        s = _singular_values(stack)
         e, r, note = _squares(spec, s, stack.shape[-2:])
         err_sq, ref_sq, notes = err_sq + e, ref_sq + r, notes + ([note] if note else [])
         live = s[s[:, 0] > 0.0] if s.shape[-1] else s[:0]

@@ -30,12 +30,17 @@ def round_to(x: np.ndarray, fmt: str) -> np.ndarray:
     single = x.astype(np.float32)
     if fmt == "fp32":
         return single.astype(np.float64)
-    bits = single.view(np.uint32).astype(np.uint64)
+    # round half to even on the top 16 bits, in place on the uint32 pattern: a finite pattern is at most
+    # 0xFF7FFFFF, so adding 0x7FFF + its lsb never wraps; inf and NaN keep their pattern
+    bits = single.view(np.uint32)
     finite = np.isfinite(single)
-    lsb = (bits >> 16) & 1
-    rounded = ((bits + 0x7FFF + lsb) >> 16) << 16
-    out = np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
-    return out.astype(np.float64)
+    rounded = bits >> 16
+    rounded &= 1
+    rounded += 0x7FFF
+    rounded += bits
+    rounded &= np.uint32(0xFFFF0000)
+    np.copyto(bits, rounded, where=finite)
+    return single.astype(np.float64)
 
 
 OPMATH = {"bf16": "fp32", "fp16": "fp32"}

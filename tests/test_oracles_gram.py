@@ -1,0 +1,197 @@
+"""The Gram path of the spectral oracles (issue 13): a large, well-conditioned matrix's spectral map, polar
+factor and singular values from the eigendecomposition of its short side's Gram matrix agree with the SVD
+path (the old arithmetic, re-stated here) to 1e-12; rank-deficient and ill-conditioned matrices take the
+SVD; small matrices keep the SVD bit for bit; the memo never serves another matrix's decomposition."""
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+from oracles import Orthogonalizer, polar_factor, singular_values, spectral_map
+from oracles import spectral
+from oracles.coefficients import YOU_QUINTICS
+from oracles.spectral import Normaliser
+
+M, N = spectral.GRAM_MIN_SIDE, 2 * spectral.GRAM_MIN_SIDE + 37
+AGREE = 1e-12
+SCHEDULES = {
+    "polar_express": (Orthogonalizer.named("polar_express").schedule, Orthogonalizer.named("polar_express").normaliser),
+    "newton_schulz": (Orthogonalizer.named("newton_schulz").schedule, Orthogonalizer.named("newton_schulz").normaliser),
+    "you": (YOU_QUINTICS, Normaliser(1e-7, 1.0)),
+}
+
+
+_GESVD: dict[int, tuple] = {}
+
+
+def gesvd(g):
+    """scipy's gesvd of g, once per matrix object of this module (the tests' time is these SVDs)."""
+    key = id(g)
+    if key not in _GESVD or _GESVD[key][0] is not g:
+        _GESVD[key] = (g, scipy.linalg.svd(g, full_matrices=False, lapack_driver="gesvd"))
+    return _GESVD[key][1]
+
+
+def svd_spectral_map(g, schedule, normaliser):
+    """The old path: one gesvd, f applied to the singular values."""
+    u, s, vt = gesvd(g)
+    d = normaliser.denominator(spectral.frobenius(s))
+    return (u * spectral.compose(schedule, s / d)) @ vt
+
+
+def svd_polar(g, rcond):
+    u, s, vt = gesvd(g)
+    keep = s > rcond * s[0]
+    return u[:, keep] @ vt[keep, :]
+
+
+def svd_values(g):
+    return scipy.linalg.svd(g, compute_uv=False, lapack_driver="gesvd")
+
+
+def rel(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def with_spectrum(rng, s, m=M, n=N):
+    u, _ = np.linalg.qr(rng.standard_normal((m, len(s))))
+    v, _ = np.linalg.qr(rng.standard_normal((n, len(s))))
+    return (u * s) @ v.T
+
+
+def matrices():
+    rng = np.random.default_rng(13)
+    return {
+        "gaussian": (rng.standard_normal((M, N)), "gram"),
+        "gaussian_tall": (rng.standard_normal((N, M)), "gram"),
+        "condition_5": (with_spectrum(rng, np.geomspace(1.0, 0.2, M)), "gram"),
+        "rank_deficient": (rng.standard_normal((M, 40)) @ rng.standard_normal((40, N)), "svd"),
+        "low_rank_tail": (with_spectrum(rng, np.r_[np.ones(M // 8), np.full(M - M // 8, 1e-2)]), "svd"),
+        "condition_1e3": (with_spectrum(rng, np.geomspace(1.0, 1e-3, M)), "svd"),
+        "condition_1e12_tall": (with_spectrum(rng, np.geomspace(1.0, 1e-12, M)).T.copy(), "svd"),
+    }
+
+
+MATRICES = matrices()
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    spectral.clear_cache()
+    yield
+    spectral.clear_cache()
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+def test_the_gram_path_agrees_with_the_svd_and_falls_back_where_ill_conditioned(name):
+    """Every map on random, rank-deficient and ill-conditioned inputs agrees with the SVD path to 1e-12,
+    and the path taken is the one the criterion (GRAM_MAX_CONDITION, GRAM_RTOL) states."""
+    g, expected_path = MATRICES[name]
+    for schedule, normaliser in SCHEDULES.values():
+        assert rel(spectral_map(g, schedule, normaliser), svd_spectral_map(g, schedule, normaliser)) < AGREE, name
+        assert spectral.path(g) == expected_path
+    rcond = float(np.finfo(np.float32).eps) * max(g.shape)
+    assert rel(polar_factor(g, rcond), svd_polar(g, rcond)) < AGREE
+    values, old = singular_values(g), svd_values(g)
+    assert np.max(np.abs(values - old) / old[0]) < AGREE
+    if expected_path == "gram":
+        assert np.max(np.abs(values - old) / old) < AGREE  # each one relative to itself, not just to s_max
+    assert spectral.path(g) == expected_path
+
+
+def test_the_svd_path_falls_back_to_gesvd_where_gesdd_fails(monkeypatch):
+    """A large matrix the criterion sends to the SVD takes gesdd (tested above to agree with gesvd), and
+    gesvd, exactly the old arithmetic, where gesdd does not converge."""
+    g = MATRICES["rank_deficient"][0]
+    schedule, normaliser = SCHEDULES["polar_express"]
+    real = scipy.linalg.svd
+
+    def gesdd_fails(a, *args, lapack_driver="gesdd", **kwargs):
+        if lapack_driver == "gesdd":
+            raise np.linalg.LinAlgError("SVD did not converge")
+        return real(a, *args, lapack_driver=lapack_driver, **kwargs)
+
+    monkeypatch.setattr(scipy.linalg, "svd", gesdd_fails)
+    assert np.array_equal(spectral_map(g, schedule, normaliser), svd_spectral_map(g, schedule, normaliser))
+    old = svd_values(g)
+    assert np.max(np.abs(singular_values(g) - old)) < 1e-14 * old[0]
+
+
+def test_small_matrices_keep_the_svd_and_are_not_memoised():
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal((spectral.GRAM_MIN_SIDE - 1, spectral.GRAM_MIN_SIDE + 100))
+    schedule, normaliser = SCHEDULES["newton_schulz"]
+    assert np.array_equal(spectral_map(g, schedule, normaliser), svd_spectral_map(g, schedule, normaliser))
+    assert np.array_equal(singular_values(g), svd_values(g))
+    assert not spectral._CACHE and spectral.path(g) == ""
+
+
+def test_a_scaled_matrix_shares_the_decomposition_and_keeps_its_own_normaliser():
+    """Gradients x 2^10 (the scale check) reuse the decomposition of the run without; the normaliser's eps
+    still sees the scale (a tiny matrix and the same one x 2^40 map differently, each as the SVD says)."""
+    g = MATRICES["gaussian"][0] * 1e-9
+    schedule, normaliser = SCHEDULES["polar_express"]
+    small = spectral_map(g, schedule, normaliser)
+    assert len(spectral._CACHE) == 1
+    big = spectral_map(g * 2.0**40, schedule, normaliser)
+    assert len(spectral._CACHE) == 1, "the x 2^40 matrix was decomposed again"
+    assert rel(small, svd_spectral_map(g, schedule, normaliser)) < AGREE
+    assert rel(big, svd_spectral_map(g * 2.0**40, schedule, normaliser)) < AGREE
+    assert rel(small, big) > 1e-4, "eps 1e-7 against ||G|| ~ 7e-7 must show"
+
+
+def test_the_memo_never_serves_another_matrix():
+    """Negative control: one entry changed by one ulp is another matrix, decomposed anew; and a
+    decomposition swapped in under the wrong key is caught by the agreement check above."""
+    g = MATRICES["gaussian"][0].copy()
+    schedule, normaliser = SCHEDULES["polar_express"]
+    first = spectral_map(g, schedule, normaliser)
+    g[3, 7] = np.nextafter(g[3, 7], np.inf)
+    second = spectral_map(g, schedule, normaliser)
+    assert len(spectral._CACHE) == 2
+    assert not np.array_equal(first, second)
+    other = MATRICES["condition_5"][0]
+    spectral_map(other, schedule, normaliser)
+    key = spectral._key(spectral._normalised(g)[0])
+    spectral._CACHE[key] = spectral._CACHE[spectral._key(spectral._normalised(other)[0])]
+    assert rel(spectral_map(g, schedule, normaliser), svd_spectral_map(g, schedule, normaliser)) > 0.1
+
+
+def test_the_error_bound_rejects_what_it_cannot_vouch_for():
+    """The criterion's parts: a condition number above GRAM_MAX_CONDITION, or a bound above GRAM_RTOL
+    (a wrongly small GRAM_EIGH_ERROR would accept more), each sends a matrix to the SVD."""
+    rng = np.random.default_rng(7)
+    gram = spectral._gram(with_spectrum(rng, np.geomspace(1.0, 1.0 / (2 * spectral.GRAM_MAX_CONDITION), M)))
+    assert not spectral._well_conditioned(gram.lam)
+    gram = spectral._gram(MATRICES["gaussian"][0])
+    assert spectral._well_conditioned(gram.lam) and spectral._values_ok(gram)
+    lam = gram.lam / gram.lam[-1]
+    assert spectral._gram_error(lam, lam**-0.5, -0.5 * lam**-1.5) < spectral.GRAM_RTOL
+    assert spectral._gram_error(lam, lam**-0.5, -0.5 * lam**-1.5 * 1e3) > spectral.GRAM_RTOL
+
+
+def old_round_to_bf16(x):
+    """oracles.rounding.round_to(x, "bf16") before issue 13 (uint64 arithmetic, np.where)."""
+    single = np.asarray(x, dtype=np.float64).astype(np.float32)
+    bits = single.view(np.uint32).astype(np.uint64)
+    lsb = (bits >> 16) & 1
+    rounded = ((bits + 0x7FFF + lsb) >> 16) << 16
+    return np.where(np.isfinite(single), rounded, bits).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_bf16_rounding_is_the_old_rounding_bit_for_bit():
+    """round_to(., "bf16") now rounds in place on the uint32 pattern (2.5x faster on 2048 x 4096): every
+    float32 pattern class (ties to even, the largest finite values that round to inf, subnormals, inf,
+    NaN, signed zeros) rounds to the same bits as before."""
+    from oracles.rounding import round_to
+    rng = np.random.default_rng(3)
+    f32 = np.finfo(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, f32.max, -f32.max, f32.tiny, f32.tiny / 3, 1e-45,
+                        1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-9, -(1.0 + 2**-9), 3 * 2**-9 + 1.0, 1e300, -1e300])
+    with np.errstate(invalid="ignore", over="ignore"):
+        patterns = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        ties = (np.arange(1, 2**16, dtype=np.uint32) << 15 | np.uint32(0x8000)).view(np.float32)
+        for x in (special, patterns.astype(np.float64), ties.astype(np.float64),
+                  rng.standard_normal(100_000) * 10.0 ** rng.integers(-45, 45, 100_000)):
+            new, old = round_to(x, "bf16"), old_round_to_bf16(x)
+            assert np.array_equal(new.view(np.uint64), old.view(np.uint64))
