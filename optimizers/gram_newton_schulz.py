@@ -30,6 +30,7 @@ from typing import Iterator, Sequence
 import torch
 
 from optimizers import elementwise
+from optimizers.norms import frobenius
 from optimizers.symmetric import symmetric_baddbmm, symmetric_bmm
 
 Coefficients = tuple[float, float, float]
@@ -110,7 +111,7 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
     `compute_dtype`: an fp16 cast before normalising would overflow gradients above 65504."""
     wide = torch.promote_types(x.dtype, torch.float32)
     x = x.to(wide)
-    norm = torch.linalg.matrix_norm(x, ord="fro", keepdim=True)
+    norm = frobenius(x, (-2, -1), keepdim=True)
     denominator = norm * scale + eps
     if compute_dtype == wide:
         return x / denominator

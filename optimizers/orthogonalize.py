@@ -17,6 +17,7 @@ from typing import Sequence
 
 from optimizers import gram_newton_schulz as gram
 from optimizers.coefficients import normaliser_scale, schedule
+from optimizers.norms import frobenius
 
 ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd", "gram_newton_schulz")
 SCHEDULES = ("polar_express", "newton_schulz")
@@ -28,7 +29,7 @@ def polynomial(x: torch.Tensor, name: str, steps: int, eps: float) -> torch.Tens
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
-    norm = torch.linalg.matrix_norm(x, ord="fro", keepdim=True)
+    norm = frobenius(x, (-2, -1), keepdim=True)
     x = gram.standard_steps(x / (norm * normaliser_scale(name) + eps), schedule(name, steps))
     return x.mT if tall else x
 

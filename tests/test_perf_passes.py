@@ -14,6 +14,7 @@ from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
 from optimizers.algorithms.muon import momentum_direction, momentum_directions
 from optimizers.coefficients import POLAR_EXPRESS, NEWTON_SCHULZ_QUINTIC
 from optimizers.gram_newton_schulz import normalised, plus_identity
+from optimizers.norms import frobenius
 from optimizers.orthogonalize import orthogonalize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -73,7 +74,7 @@ def test_normalised_in_one_pass_is_the_two_pass_bits_and_layout(compute, dtype, 
     x = (torch.randn(4, 9, 21, generator=torch.Generator().manual_seed(6)) * 1e3).to(dtype)
     x = x.mT if tall else x
     wide = x.to(torch.promote_types(dtype, torch.float32))
-    norm = torch.linalg.matrix_norm(wide, ord="fro", keepdim=True)
+    norm = frobenius(wide, (-2, -1), keepdim=True)
     expected = (wide / (norm * 1.01 + 1e-7)).to(compute)
     got = normalised(x, 1.01, 1e-7, compute)
     assert got.dtype == compute and torch.equal(got, expected) and got.stride() == expected.stride()
@@ -93,7 +94,9 @@ def test_a_tall_result_comes_back_row_major_in_the_input_dtype(name):
 def test_one_gpt2_like_step_launches_few_kernels():
     """Kernels of one step on GPT-2 small's 48 matrices (scaled down; CPU profiler): momentum and the
     apply are foreach passes (not two and one per parameter), the normaliser's divide and cast one
-    pass, no identity matrix formed. Before issue 13's pass cuts: 274 (Gram NS) and 232 (Polar Express)."""
+    pass, no identity matrix formed. Before issue 13's pass cuts: 274 (Gram NS) and 232 (Polar Express). The CPU
+    normaliser sums squares itself (optimizers/norms.py: 4 ops where CUDA runs 1 norm): 127 and 106 now, 8 and
+    16 of them that."""
     counts = {}
     for name in ("gram_newton_schulz", "polar_express"):
         params = gpu_step.make_params(gpu_step.SETS["gpt2_small"](0.02), torch.device("cpu"))
@@ -103,7 +106,7 @@ def test_one_gpt2_like_step_launches_few_kernels():
         assert kernels["aten::add_"] + kernels["aten::mul_"] <= 12, kernels  # diagonal adds only
         assert kernels["aten::eye"] == 0 and kernels["aten::_foreach_add_"] >= 1, kernels
     assert sum(counts["gram_newton_schulz"].values()) <= 130, counts
-    assert sum(counts["polar_express"].values()) <= 100, counts
+    assert sum(counts["polar_express"].values()) <= 110, counts
 
 
 def _step_three(opt, params, seed=8):

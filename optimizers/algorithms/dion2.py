@@ -36,6 +36,7 @@ from optimizers.algorithms.muon import MUON, matrix_lr_scale, orthogonalize_grou
 from optimizers.algorithms.normuon import NORMUON, validate_variance
 from optimizers.distributed import chunk_sizes, local
 from optimizers.matrix_view import as_matrices, matrix_dims
+from optimizers.norms import frobenius
 from optimizers.validation import check_real
 
 
@@ -244,8 +245,8 @@ def normalise_selected_rows(updates: torch.Tensor, states: list[State], group: G
     selected = mats.abs().sum(dim=-1, keepdim=True) > 0
     v = torch.where(selected, torch.lerp(mats.square().mean(dim=-1, keepdim=True), v, group["beta2"]), v)
     normed = torch.where(selected, mats / (v.sqrt() + group["variance_eps"]), torch.zeros((), dtype=work))
-    norm_o = mats.reshape(n, -1).norm(dim=1, keepdim=True)
-    norm_n = normed.reshape(n, -1).norm(dim=1, keepdim=True)
+    norm_o = frobenius(mats.reshape(n, -1), 1, keepdim=True)
+    norm_n = frobenius(normed.reshape(n, -1), 1, keepdim=True)
     factor = torch.where(norm_n > 0, norm_o / norm_n.clamp_min(torch.finfo(work).tiny), 0.0)
     for buffer, new in zip(variances, v.reshape(n, *variances[0].shape).unbind(0)):
         buffer.copy_(new)

@@ -27,6 +27,7 @@ from optimizers.algorithms.base import Group, State, StateKey
 from optimizers.algorithms.muon import MUON, validate_muon
 from optimizers.distributed import local
 from optimizers.matrix_view import as_matrices
+from optimizers.norms import frobenius
 from optimizers.validation import check_real
 
 
@@ -53,8 +54,8 @@ def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: 
     v = torch.stack(variances).to(work_dtype).reshape(mats.shape[0], mats.shape[1], 1)
     v = torch.lerp(mats.square().mean(dim=-1, keepdim=True), v, group["beta2"])
     normed = mats / (v.sqrt() + group["variance_eps"])
-    norm_o = mats.reshape(n, -1).norm(dim=1, keepdim=True)
-    norm_n = normed.reshape(n, -1).norm(dim=1, keepdim=True)
+    norm_o = frobenius(mats.reshape(n, -1), 1, keepdim=True)
+    norm_n = frobenius(normed.reshape(n, -1), 1, keepdim=True)
     factor = torch.where(norm_n > 0, norm_o / norm_n.clamp_min(torch.finfo(work_dtype).tiny), 0.0)
     for buffer, new in zip(variances, v.reshape(n, *variances[0].shape).unbind(0)):
         buffer.copy_(new)
