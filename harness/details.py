@@ -56,15 +56,16 @@ def pooled(error: np.ndarray) -> tuple[np.ndarray, int]:
 
 class Pictures:
     """Keeps the evidence of the `limit` worst reference checks that ran (pass or fail with a finite
-    ratio), in `reports.worst_first` order."""
+    ratio), in `reports.worst_first` order: as `Evidence`, or as a `Detail` already made from it (by a
+    `--jobs` worker, `kept_details`: the singular values of a gpu-tier update are seconds of LAPACK each)."""
 
     def __init__(self, limit: int = 8) -> None:
         if limit < 0:
             raise ValueError(f"Pictures: limit must be >= 0, got {limit}")
         self.limit = limit
-        self._kept: dict[Key, tuple[Record, Evidence]] = {}
+        self._kept: dict[Key, tuple[Record, Evidence | Detail]] = {}
 
-    def offer(self, record: Record, evidence: Evidence | None) -> None:
+    def offer(self, record: Record, evidence: Evidence | Detail | None) -> None:
         """Keep `evidence` if `record` is among the `limit` worst reference checks offered so far."""
         if (evidence is None or record.check != "reference" or record.status not in ("pass", "fail")
                 or not math.isfinite(record.ratio)):
@@ -73,18 +74,24 @@ class Pictures:
         ranked = worst_first(r for r, _ in self._kept.values())[:self.limit]
         self._kept = {r.key: self._kept[r.key] for r in ranked}
 
-    def kept(self) -> list[tuple[Record, Evidence]]:
+    def kept(self) -> list[tuple[Record, Evidence | Detail]]:
         """The kept (record, evidence) pairs, worst first: what another process's keeper can `offer`."""
         return [self._kept[r.key] for r in worst_first(r for r, _ in self._kept.values())]
 
+    def kept_details(self) -> list[tuple[Record, Detail]]:
+        """The kept pairs with each evidence made into its `Detail` here (in a worker process, beside the others)."""
+        return [(record, _detail(record, evidence)) for record, evidence in self.kept()]
+
     def details(self) -> list[Detail]:
         """The kept checks' pictures' data, worst first."""
-        out = []
-        for record in worst_first(r for r, _ in self._kept.values()):
-            evidence = self._kept[record.key][1]
-            error, block = pooled(evidence.judged - evidence.reference)
-            where = evidence.where + (f" (heatmap of {evidence.judged.shape[0]} x {evidence.judged.shape[1]}: "
-                                      f"each cell the largest |err| of a {block} x {block} block)" if block > 1 else "")
-            out.append(Detail(record.key, where, error,
-                              singular_values(evidence.judged), singular_values(evidence.reference)))
-        return out
+        return [_detail(record, evidence) for record, evidence in self.kept()]
+
+
+def _detail(record: Record, evidence: Evidence | Detail) -> Detail:
+    """The picture's data of one reference check: the (pooled) elementwise error and both updates' singular values."""
+    if isinstance(evidence, Detail):
+        return evidence
+    error, block = pooled(evidence.judged - evidence.reference)
+    where = evidence.where + (f" (heatmap of {evidence.judged.shape[0]} x {evidence.judged.shape[1]}: "
+                              f"each cell the largest |err| of a {block} x {block} block)" if block > 1 else "")
+    return Detail(record.key, where, error, singular_values(evidence.judged), singular_values(evidence.reference))

@@ -183,14 +183,14 @@ def _worker_start() -> None:
 def _worker_case(case_id: str, target_spec: str, backend: str, timeout: float | None,
                  keep: int) -> tuple[list[Record], list]:
     """One single-process case judged in a `--jobs` worker: its records (with their diagnosis, made here,
-    where the case's oracle decompositions are memoised and cases run side by side), and the reference
-    evidence its own Pictures keeper kept (offered again to the parent's)."""
+    where the case's oracle decompositions are memoised and cases run side by side), and the pictures' data
+    of the reference evidence its own Pictures keeper kept, made here too (offered again to the parent's)."""
     from harness.targets import load_target
     if target_spec not in _WORKER_TARGETS:
         _WORKER_TARGETS[target_spec] = load_target(target_spec)
     pictures, case, target = Pictures(keep), Case.from_id(case_id), _WORKER_TARGETS[target_spec]
     records = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, None, timeout, pictures))
-    return records, pictures.kept()
+    return records, pictures.kept_details()
 
 
 def _pool(jobs: int, threads: int | None = None) -> multiprocessing.pool.Pool:
@@ -271,8 +271,8 @@ def _run_parallel(cases: list[Case], target: Target, target_spec: str, backend: 
                 for i in [i for i, result in pending.items() if result.ready()]:
                     got[i], kept = pending.pop(i).get()
                     if pictures is not None:
-                        for record, evidence in kept:
-                            pictures.offer(record, evidence)
+                        for record, detail in kept:
+                            pictures.offer(record, detail)
                     shown.case_done(cases[i].id, got[i])
                 if pending:
                     next(iter(pending.values())).wait(0.2)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import harness.cli as cli
 from harness import runner
-from harness.details import Pictures
+from harness.details import Detail, Pictures
 from harness.targets import load_target
 from harness.selection import select
 from reports import load_run
@@ -59,6 +60,12 @@ def test_jobs_give_the_records_and_pictures_of_one_process():
     strip = lambda records: [dataclasses.replace(r, seconds=0.0) for r in records]
     assert repr(strip(many)) == repr(strip(one))  # repr: NaN fields compare equal
     assert [r.key for r, _ in many_pictures.kept()] == [r.key for r, _ in one_pictures.kept()]
+    # the workers made the pictures' data (a gpu-tier update's singular values are seconds each): the same data
+    assert all(isinstance(d, Detail) for _, d in many_pictures.kept())
+    for a, b in zip(many_pictures.details(), one_pictures.details()):
+        assert a.key == b.key and a.where == b.where
+        assert all(np.array_equal(x, y) for x, y in ((a.error, b.error), (a.sv_judged, b.sv_judged),
+                                                     (a.sv_reference, b.sv_reference)))
 
 
 def test_run_jobs_option(tmp_path, capsys):
