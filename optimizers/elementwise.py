@@ -11,6 +11,8 @@ from types import ModuleType
 
 import torch
 
+from optimizers.optional import triton_module
+
 MIN_NUMEL = 1 << 22
 """Fewer elements in one launch keep the torch passes: there the fused kernel's launch costs the host more
 than its passes save (ConvNeXt-T's many small megabatches, host-bound, measured 3.75 ms a step without the
@@ -20,18 +22,9 @@ TRITON = False
 """Opt-in: Muon's momentum and apply passes over fp32 parameters run the fused kernels where they can;
 benchmarks/gpu_step.py's "triton" rows and the harness's `ours-triton` target switch it on."""
 
-_KERNEL: list[ModuleType | None] = []
-
-
 def triton_kernels() -> ModuleType | None:
-    """optimizers.elementwise_triton, or None where triton cannot be imported (imported once)."""
-    if not _KERNEL:
-        try:
-            from optimizers import elementwise_triton  # noqa: PLC0415 - optional: needs triton
-        except ImportError:
-            elementwise_triton = None
-        _KERNEL.append(elementwise_triton)
-    return _KERNEL[0]
+    """optimizers.elementwise_triton, or None where triton cannot be imported (optimizers/optional.py)."""
+    return triton_module("elementwise_triton")
 
 
 def _usable(tensors: list[torch.Tensor], numel: int, contiguous: bool = True) -> ModuleType | None:

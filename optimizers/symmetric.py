@@ -20,6 +20,8 @@ from types import ModuleType
 
 import torch
 
+from optimizers.optional import triton_module
+
 BLOCK = 1024
 """Rows per block (at least): m >= 2 * BLOCK is split into m // BLOCK blocks, at most `MAX_BLOCKS`."""
 
@@ -76,15 +78,6 @@ def _lower_blocks(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, 
     return out
 
 
-_KERNEL: list[ModuleType | None] = []
-
-
 def triton_kernel() -> ModuleType | None:
-    """optimizers.symmetric_triton, or None where triton cannot be imported (imported once)."""
-    if not _KERNEL:
-        try:
-            from optimizers import symmetric_triton  # noqa: PLC0415 - optional: needs triton
-        except ImportError:
-            symmetric_triton = None
-        _KERNEL.append(symmetric_triton)
-    return _KERNEL[0]
+    """optimizers.symmetric_triton, or None where triton cannot be imported (optimizers/optional.py)."""
+    return triton_module("symmetric_triton")

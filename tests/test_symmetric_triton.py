@@ -145,11 +145,11 @@ def test_bad_operands_are_refused_before_any_launch(kernel):
 def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
     """symmetric.TRITON routes a product that would be split into blocks to the kernel (counted), and
     the Gram Newton-Schulz iteration through it stays within the plain products' error."""
-    from optimizers import symmetric
+    from optimizers import optional, symmetric
     from optimizers.coefficients import normaliser_scale, schedule
     from optimizers.gram_newton_schulz import gram_newton_schulz
 
-    monkeypatch.setattr(symmetric, "_KERNEL", [kernel])
+    monkeypatch.setitem(optional.LOADED, "symmetric_triton", kernel)
     if kernel.interpreted():
         monkeypatch.setattr(symmetric, "BLOCK", 16)
         monkeypatch.setattr(symmetric, "TRITON_ROWS", 32)
