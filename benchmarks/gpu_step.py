@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_step.py [--sets gpt2_small,convnext_t,llama24] [--only REGEX] [--steps 10]
                                   [--budget 4] [--timeout 45] [--deadline 215] [--device cuda] [--scale 1]
-                                  [--extra-peers] [--quick]
+                                  [--drop REGEX] [--extra-peers] [--quick]
 
 Prints Markdown rows as each is measured (flushed): median step ms (CUDA events; host clock on CPU),
 the first step's wall time including construction (compilation and autotuning included), the
@@ -17,7 +17,8 @@ Bounded, so that one call of a few minutes yields the whole table:
   - ours and torch.optim.Muon on every set first, then the peers (dion, gram-newton-schulz), each row
     in a process of its own (so one peer's torch.compile caches and recompile counts never reach the
     next set), with torch._dynamo's recompile limit raised to RECOMPILE_LIMIT as dion's own scripts do;
-  - `--only REGEX` keeps the contenders whose label matches.
+  - `--only REGEX` keeps the contenders whose label matches; `--drop REGEX` leaves out those whose
+    "SET/LABEL" matches (a peer too slow to compile on one set, say, kept on the others).
 Lever rows: "ours (X)" runs with every lever but CUDA graphs; "ours (X, cuda graphs)" adds
 `Muon(cuda_graphs=True)` (lever 3, optimizers/graphs.py); "ours (X, triton symmetric)" computes the
 split symmetric products by the Triton kernel of optimizers/symmetric_triton.py (its cell notes how
@@ -340,6 +341,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", default=",".join(SETS))
     parser.add_argument("--only", default="", help="regex: keep contenders whose label matches")
+    parser.add_argument("--drop", default="", help="regex: leave out contenders whose SET/LABEL matches")
     parser.add_argument("--steps", type=int, default=10, help="most timed steps per contender")
     parser.add_argument("--warmup", type=int, default=3, help="most warm-up steps per contender")
     parser.add_argument("--budget", type=float, default=4.0, help="seconds of timed steps per contender")
@@ -430,7 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|", flush=True)
     sets = args.sets.split(",")
     shapes = {s: SETS[s](args.scale) for s in sets}
-    rows = {s: [c for c in contenders(any(len(x) > 2 for x in shapes[s]), args.extra_peers) if re.search(args.only, c.label)]
+    rows = {s: [c for c in contenders(any(len(x) > 2 for x in shapes[s]), args.extra_peers)
+                if re.search(args.only, c.label) and not (args.drop and re.search(args.drop, f"{s}/{c.label}"))]
             for s in sets}
     results: dict[str, dict[str, Result]] = {s: {} for s in sets}
     for peers in (False, True):

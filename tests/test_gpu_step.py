@@ -27,6 +27,16 @@ def test_the_quick_run_measures_each_row_and_closes_with_the_summary():
     assert re.search(r"^\| gpt2_small \| ours \(polar_express.*\| none measured \|.*\(scaled set\) \| (yes|no)", text, re.M), text
 
 
+def test_drop_leaves_out_a_row_on_the_sets_it_names_only():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        gpu_step.main(["--quick", "--sets", "gpt2_small,convnext_t", "--only", r"^ours \(polar_express\)$",
+                       "--drop", r"^convnext_t/ours \(polar_express\)$"])
+    text = out.getvalue()
+    assert re.search(r"^\| gpt2_small \|.*\| ours \(polar_express\) \| [0-9.]+ \|", text, re.M), text
+    assert not re.search(r"^\| convnext_t \|.*\| ours \(polar_express\) \|", text, re.M), text
+
+
 def test_a_peer_row_runs_in_a_process_of_its_own_and_a_failing_one_says_why():
     args = gpu_step.parse(["--quick"])
     result = gpu_step.run_isolated("gpt2_small", "ours (polar_express)", args, 30.0)
