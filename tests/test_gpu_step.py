@@ -70,3 +70,24 @@ def test_gram_newton_schulz_without_quack_runs_its_torch_path(monkeypatch):
     assert "gram-newton-schulz (kernels)" not in rows
     rows["gram-newton-schulz (torch, no quack)"].make([torch.nn.Parameter(torch.zeros(2, 2))])
     assert made == [False]
+
+
+def test_dion_is_handed_convolutions_as_matrices_and_never_its_own_flatten(monkeypatch):
+    made = []
+
+    class FakeDionMuon:
+        def __init__(self, params, **options):
+            made.append(([tuple(p.shape) for p in params], [tuple(p.grad.shape) for p in params], options))
+
+    dion = types.ModuleType("dion")
+    dion.Muon = FakeDionMuon
+    monkeypatch.setitem(sys.modules, "dion", dion)
+    monkeypatch.setitem(sys.modules, "dion.cuda_graph", None)  # an older dion: no CUDA-graph wrapper
+    rows = {c.label: c for c in gpu_step.contenders(True, True)}
+    conv, linear = torch.nn.Parameter(torch.randn(8, 4, 3, 3)), torch.nn.Parameter(torch.randn(5, 7))
+    conv.grad, linear.grad = torch.randn(8, 4, 3, 3), torch.randn(5, 7)
+    for label in ("dion", "dion + triton"):
+        rows[label].make([conv, linear])
+    assert made == [([(8, 36), (5, 7)], [(8, 36), (5, 7)], {}),
+                    ([(8, 36), (5, 7)], [(8, 36), (5, 7)], {"use_triton": True})], made
+    assert rows["dion + cuda graphs"].make is None and "not in this dion" in rows["dion + cuda graphs"].reason
