@@ -33,7 +33,10 @@ took 7.75 s of compiles against tma's 0.85 s) and three persistent variants (one
 over the tiles, plain / tl.range(flatten=True) / tl.range(warp_specialize=True)): triton 3.6 could not
 compile them (the tests: "PassManager::run failed"; the benchmark's launches: 320 KiB of shared memory
 for "persistent" at 4 stages, 272 KiB for the warp-specialized one, past the 227 KiB of an H200 block),
-so nothing measured them faster. On small stacks (m <= 1536, e.g. 12x768x2304) every variant is
+so nothing measured them faster. Also measured after that (benchmarks/results/2026-11-30-h200-torch2.11.0-gpu_step-one-run/
+probes/): warp specialization of the k loop (`tl.range(warp_specialize=True)`) compiles but runs 0.50-0.94x
+this kernel; TILE_K 128, 5-6 stages and L2 groups of 4-32 row blocks are slower or within run-to-run noise
+(interleaved rounds) on every stack of the 24-layer step. On small stacks (m <= 1536, e.g. 12x768x2304) every variant is
 slower than cuBLAS (base 1.0-2.5x, tma 1.5-4x): optimizers/symmetric.py calls the kernel from
 TRITON_ROWS rows on.
 A descriptor variant runs "base" where this triton has no tensor descriptors or an operand's rows are
