@@ -183,6 +183,17 @@ def _decompose(base: np.ndarray, accept: Callable[[_Gram], bool]) -> Union[_Gram
     return _remember(key + ("svd",), _SVD(*_svd_large(base)))
 
 
+def _memoised(g: np.ndarray, accept: Callable[[_Gram, float], bool]) -> tuple[Union[_Gram, _SVD], float] | None:
+    """For a large finite `g`: (the memoised decomposition of g / factor, factor), factor the power of two
+    `_normalised` divides by, with the Gram path where `accept(gram, factor)` takes it (`_decompose`); None
+    for a small or non-finite `g` (the caller's plain SVD)."""
+    if not (_large(g) and np.all(np.isfinite(g))):
+        return None
+    base, e = _normalised(np.asarray(g, dtype=np.float64))
+    factor = math.ldexp(1.0, e)
+    return _decompose(base, lambda gram: accept(gram, factor)), factor
+
+
 def _spectrum_of(gram: _Gram, factor: float = 1.0) -> np.ndarray:
     """Singular values (ascending, rounding negatives clipped) of the matrix of `gram` times `factor`."""
     return np.sqrt(np.maximum(gram.lam, 0.0)) * factor
@@ -241,28 +252,25 @@ def compose(schedule: Sequence[Coefficients], s: np.ndarray) -> np.ndarray:
 def spectral_map(g: np.ndarray, schedule: Sequence[Coefficients], normaliser: Normaliser) -> np.ndarray:
     """Exact result of the polynomial iteration `schedule` started from normalised `g` (Gram path for a
     large matrix where its error bound allows: module doc)."""
-    if _large(g) and np.all(np.isfinite(g)):
-        g = np.asarray(g, dtype=np.float64)
-        base, e = _normalised(g)
-        factor = math.ldexp(1.0, e)
+    def normalised_h(gram: _Gram, factor: float) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """(d, eigenvalues of (g/d)(g/d)^T, h, h' there) at this matrix's own scale."""
+        d = normaliser.denominator(frobenius(_spectrum_of(gram, factor)))
+        lam = gram.lam * (factor / d) ** 2 if d else gram.lam
+        return (d, lam, *_schedule_h(schedule, lam))
 
-        def normalised_h(gram: _Gram) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-            """(d, eigenvalues of (g/d)(g/d)^T, h, h' there) at this matrix's own scale."""
-            d = normaliser.denominator(frobenius(_spectrum_of(gram, factor)))
-            lam = gram.lam * (factor / d) ** 2 if d else gram.lam
-            return (d, lam, *_schedule_h(schedule, lam))
+    def accept(gram: _Gram, factor: float) -> bool:
+        d, lam, h, dh = normalised_h(gram, factor)
+        return d != 0.0 and _well_conditioned(gram.lam) and _gram_error(lam, h, dh) <= GRAM_RTOL
 
-        def accept(gram: _Gram) -> bool:
-            d, lam, h, dh = normalised_h(gram)
-            return d != 0.0 and _well_conditioned(gram.lam) and _gram_error(lam, h, dh) <= GRAM_RTOL
-
-        dec = _decompose(base, accept)
-        if isinstance(dec, _Gram):
-            d, _, h, _ = normalised_h(dec)
-            return _apply(dec, h, g / d)
-        u, s, vt = dec.u, dec.s * factor, dec.vt
-    else:
+    found = _memoised(g, accept)
+    if found is None:
         u, s, vt = _svd(g)
+    else:
+        dec, factor = found
+        if isinstance(dec, _Gram):
+            d, _, h, _ = normalised_h(dec, factor)
+            return _apply(dec, h, np.asarray(g, dtype=np.float64) / d)
+        u, s, vt = dec.u, dec.s * factor, dec.vt
     d = normaliser.denominator(frobenius(s))
     if d == 0.0:
         return np.zeros_like(g, dtype=np.float64)
@@ -284,16 +292,14 @@ def _polar_ok(gram: _Gram, rcond: float) -> bool:
 def polar_factor(g: np.ndarray, rcond: float) -> np.ndarray:
     """U V^T over the singular values above rcond * s_max (zero matrix -> zero); Gram path for a large,
     well-conditioned matrix (module doc, `_polar_ok`)."""
-    if _large(g) and np.all(np.isfinite(g)):
-        g = np.asarray(g, dtype=np.float64)
-        base, e = _normalised(g)
-        factor = math.ldexp(1.0, e)
-        dec = _decompose(base, lambda gram: _polar_ok(gram, rcond))
-        if isinstance(dec, _Gram):
-            return _apply(dec, (dec.lam * factor * factor) ** -0.5, g)
-        u, s, vt = dec.u, dec.s * factor, dec.vt
-    else:
+    found = _memoised(g, lambda gram, factor: _polar_ok(gram, rcond))
+    if found is None:
         u, s, vt = _svd(g)
+    else:
+        dec, factor = found
+        if isinstance(dec, _Gram):
+            return _apply(dec, (dec.lam * factor * factor) ** -0.5, np.asarray(g, dtype=np.float64))
+        u, s, vt = dec.u, dec.s * factor, dec.vt
     if s.size == 0 or s[0] == 0.0:
         return np.zeros_like(g, dtype=np.float64)
     keep = s > rcond * s[0]
@@ -310,9 +316,9 @@ def _values_ok(gram: _Gram) -> bool:
 def singular_values(g: np.ndarray) -> np.ndarray:
     """Singular values of a matrix, descending, in FP64 (from the memoised decomposition for a large
     matrix: module doc)."""
-    if _large(g) and np.all(np.isfinite(g)):
-        base, e = _normalised(np.asarray(g, dtype=np.float64))
-        dec, factor = _decompose(base, _values_ok), math.ldexp(1.0, e)
+    found = _memoised(g, lambda gram, factor: _values_ok(gram))
+    if found is not None:
+        dec, factor = found
         return (_spectrum_of(dec)[::-1] if isinstance(dec, _Gram) else dec.s) * factor
     return scipy.linalg.svd(np.asarray(g, dtype=np.float64), compute_uv=False, lapack_driver="gesvd")
 
