@@ -106,15 +106,13 @@ class CaseItem(pytest.Item):
     def runtest(self) -> None:
         import torch
 
-        from harness import diagnosis
-        from harness.runner import run_case
+        from harness.runner import judged_case
 
         plugin = self.session_plugin
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as the harness runs: deterministic kernels, parallelism from processes
         try:
-            records = diagnosis.annotate(self.case, plugin.target, run_case(
-                self.case, plugin.target, plugin.spec, self.backend, pictures=plugin.pictures))
+            records = judged_case(self.case, plugin.target, plugin.spec, self.backend, pictures=plugin.pictures)
         finally:
             torch.set_num_threads(threads)
         self.user_properties.append((PROPERTY, json.dumps([dataclasses.asdict(r) for r in records])))

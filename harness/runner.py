@@ -160,6 +160,13 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
                   pictures)
 
 
+def judged_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
+                ranks: TorchrunRanks | None = None, timeout: float | None = None,
+                pictures: Pictures | None = None) -> list[Record]:
+    """`run_case`'s records of `case`, each with its diagnosis (harness/diagnosis.py)."""
+    return diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, ranks, timeout, pictures))
+
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 """The thread counts of the BLAS/LAPACK libraries NumPy and SciPy may use (the FP64 oracles' time is
@@ -189,7 +196,7 @@ def _worker_case(case_id: str, target_spec: str, backend: str, timeout: float | 
     if target_spec not in _WORKER_TARGETS:
         _WORKER_TARGETS[target_spec] = load_target(target_spec)
     pictures, case, target = Pictures(keep), Case.from_id(case_id), _WORKER_TARGETS[target_spec]
-    records = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, None, timeout, pictures))
+    records = judged_case(case, target, target_spec, backend, None, timeout, pictures)
     return records, pictures.kept_details()
 
 
@@ -238,8 +245,7 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
     try:
         with Progress(progress, len(cases), interval) as shown:
             for case in cases:
-                got = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, ranks, timeout,
-                                                                pictures))
+                got = judged_case(case, target, target_spec, backend, ranks, timeout, pictures)
                 records.extend(got)
                 done += 1
                 shown.case_done(case.id, got)
@@ -264,8 +270,7 @@ def _run_parallel(cases: list[Case], target: Target, target_spec: str, backend: 
                        for i in single}
             for i, case in enumerate(cases):
                 if i not in pending:
-                    got[i] = diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, None,
-                                                                       timeout, pictures))
+                    got[i] = judged_case(case, target, target_spec, backend, None, timeout, pictures)
                     shown.case_done(case.id, got[i])
             while pending:
                 for i in [i for i, result in pending.items() if result.ready()]:
