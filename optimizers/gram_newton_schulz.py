@@ -85,7 +85,7 @@ class DeferredChecks:
     """The divergence checks of Gram results computed inside `deferred_checks()` (a CUDA-graph capture,
     where the host cannot read a flag): one device flag per call, true when any of its matrices
     diverged, and how many matrices the calls computed. Whoever replays reads the flags (optimizers/graphs.py,
-    `PlanGraphs.settle`) and, if one is true, recomputes the whole update eagerly (where the fallback runs)."""
+    `PlanGraphs.flush`) and, if one is true, recomputes the whole update eagerly (where the fallback runs)."""
 
     flags: list[torch.Tensor] = field(default_factory=list)
     matrices: int = 0

@@ -1,35 +1,42 @@
-"""CUDA graphs of small megabatch orthogonalizations (`Muon(cuda_graphs=True)`): fewer launches.
+"""One CUDA graph per plan for its small megabatch orthogonalizations (`Muon(cuda_graphs=True)`).
 
 A polynomial orthogonalization of one megabatch is ~30 kernel launches (normalise, then per step
 X Xᵀ, bA + cA², and the product with X); on sets of many small matrices (GPT-2 small, ConvNeXt) a
-step is bound by the host issuing them, not by the GPU. A CUDA graph captures one megabatch's whole
-matrix update once and replays it as one launch, reading a fixed input buffer (the stacked
-directions are written into it; or, when the directions are the rows of one momentum block
-(optimizers/plan.py's momentum_block, Muon without Nesterov), the block itself, read where it lies)
-and writing a fixed output buffer (read by the step's apply
-before the next replay, which comes only in the next step, on the same stream).
+step is bound by the host issuing them, and each small kernel leaves most of the GPU idle. So a plan's
+capturable megabatches are captured together, once, into one CUDA graph whose updates are spread over
+`STREAMS` side streams (forked from the capturing stream and joined back): the graph is one launch a
+step, and the GPU runs the megabatches' small kernels side by side. Each megabatch reads a fixed input
+buffer (its stacked directions are written into it before the replay; or, when the directions are the
+rows of one momentum block (optimizers/plan.py's momentum_block, Muon without Nesterov), the block
+itself, read where it lies) and writes a fixed output buffer (read by the step's apply before the next
+replay, which comes only in the next step, on the same stream).
 
 Captured: a megabatch in one process (no exchange) on CUDA, of an algorithm whose matrix stages are
 Muon's whole-matrix select and `orthogonalize_group` (Muon, NorMuon), with an orthogonalizer in
 `CAPTURED` and at most `MAX_NUMEL` elements per stack (above that the GPU is the bound and a graph
 would only hold memory). Gram Newton–Schulz reads a divergence flag on the host, which a graph
-cannot: under capture it records the flag on the device instead (gram_newton_schulz.deferred_checks),
-and the flags of every replay of a step are read together before their results are applied (one
-synchronisation per step, where eager has one per megabatch: `PlanGraphs.settle`); if any matrix of a
-megabatch diverged, its whole update is recomputed eagerly, where the standard-iteration fallback runs.
+cannot: under capture it records each megabatch's flags on the device instead
+(gram_newton_schulz.deferred_checks), and they are read together after the replay, before any result
+is applied (one synchronisation per step, where eager has one per megabatch); a megabatch whose
+matrices diverged is recomputed eagerly, where the standard-iteration fallback runs.
 Not captured: SVD (cuSOLVER checks its info on the host) and every other algorithm; these run
-eagerly as before. A graph replays exactly the kernels the eager call runs, on the same inputs, so
-its result is the eager one bit for bit.
+eagerly as before. A graph replays exactly the kernels the eager calls run, on the same inputs, each
+megabatch's in its own order on one stream, so its results are the eager ones bit for bit.
 
-Graphs belong to one validated plan (optimizers/plan.py): a new plan (a changed parameter, option or
+The graph belongs to one validated plan (optimizers/plan.py): a new plan (a changed parameter, option or
 state entry) starts with none. A plan's first step runs eagerly; its second captures (after two
-warm-up calls on a side stream, as torch's CUDA-graph notes ask); later steps replay. The graphs of a
-plan share one memory pool, replayed in the order they were captured. A capture that fails leaves
-that megabatch eager for the plan's lifetime: the step still completes (its checks ran before).
+warm-up runs of the same streams, as torch's CUDA-graph notes ask); later steps replay. A capture that
+fails leaves the plan eager for its lifetime: the step still completes (its checks ran before).
+
+Measured on one H200 (torch 2.11; benchmarks/results/2026-11-30-h200-torch2.11.0-graph-streams/):
+every capturable megabatch of ConvNeXt-T (17) in one graph took 2.59 ms on one stream, 2.04 / 1.83 /
+1.88 ms on 2 / 4 / 8 (Polar Express; Gram Newton–Schulz 2.71, 1.89, 1.57, 1.51); GPT-2 small's 4
+megabatches 4.50, 4.37, 4.59, 4.50 ms (Gram: 3.31, 3.09, 3.07, 3.13).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -45,8 +52,15 @@ synchronisation; Gram Newton–Schulz's divergence check is deferred past the re
 MAX_NUMEL = 1 << 25
 """Largest stack (elements) captured: 32 Mi elements, e.g. 12 GPT-2 MLP matrices 3072 x 768 (28 Mi)."""
 
+STREAMS = 4
+"""Side streams a plan's graph spreads its megabatches over (the fastest or within 4% of it in the
+measurements above)."""
+
 WARMUP = 2
-"""Eager calls on a side stream before a capture."""
+"""Eager runs of the forked streams before a capture."""
+
+Key = tuple[int, int]
+Update = Callable[[torch.Tensor], torch.Tensor]
 
 
 def capturable(algorithm: Algorithm, group: dict, stack: torch.Tensor) -> bool:
@@ -75,114 +89,128 @@ def stacked_block(members: list[torch.Tensor]) -> torch.Tensor | None:
     return block
 
 
-class Graphed:
-    """`update` captured for stacks of one shape, dtype and device: `run(directions)` stacks them into
-    the input buffer, replays, and returns the output buffer (valid until the next replay); with `checked`,
-    the replay's Gram divergence flags must be read before that output is used (PlanGraphs.settle)."""
+def lanes(sizes: list[int], count: int) -> list[int]:
+    """The stream of each megabatch: the largest first, each to the least loaded of `count` streams
+    (by elements; ties to the lowest index)."""
+    load, out = [0] * count, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        lane = min(range(count), key=load.__getitem__)
+        out[i], load[lane] = lane, load[lane] + sizes[i]
+    return out
 
-    def __init__(self, update: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor,
-                 pool: tuple, static: bool = False) -> None:
-        self.static = static  # `example` is the live momentum block (stacked_block): read where it lies
-        self.input = example if static else example.clone()
+
+@dataclass
+class Member:
+    """One megabatch of the plan's graph: `update` reads `input` (its own buffer, or with `static` the live
+    momentum block) and writes `output`; `checks` holds its Gram divergence flags of the last run."""
+
+    update: Update
+    input: torch.Tensor
+    static: bool
+    output: torch.Tensor | None = None
+    checks: gram.DeferredChecks | None = None
+
+
+class PlanGraphs:
+    """The graph of one plan and its megabatches by (group index, megabatch index); a `None` member runs
+    eagerly (not capturable, or the capture failed). `armed` turns true after the plan's first step.
+
+    Per step: `submit` each megabatch (an eager result comes back at once; a graph member's comes from
+    `flush`), then `flush` once: it replays the graph (capturing it first, on the plan's second step), reads
+    the Gram divergence flags of every member at once and returns each member's result."""
+
+    def __init__(self) -> None:
+        self.members: dict[Key, Member | None] = {}
+        self.graph: torch.cuda.CUDAGraph | None = None
         self.replays = 0
-        self.checks = self._capture(update, pool)
+        self.armed = False
+        self.pool: tuple | None = None
+        self.failures: list[str] = []
+        self._waiting: dict[Key, Member] = {}
 
-    def _capture(self, update: Callable[[torch.Tensor], torch.Tensor], pool: tuple) -> gram.DeferredChecks:
-        """Warm up on a side stream, then capture into `self.graph`, writing `self.output`."""
-        side, main = torch.cuda.Stream(self.input.device), torch.cuda.current_stream(self.input.device)
-        side.wait_stream(main)
-        with gram.deferred_checks(), torch.cuda.stream(side):  # warm-ups are not counted in gram.STATS
-            for _ in range(WARMUP):
-                update(self.input)
-        main.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with gram.deferred_checks() as checks, torch.cuda.graph(self.graph, pool=pool):
-            self.output = update(self.input)
-        return checks
+    def submit(self, key: Key, update: Update, directions: list[torch.Tensor],
+               eligible: Callable[[torch.Tensor], bool]) -> torch.Tensor | None:
+        """The megabatch's update of `directions` now (eager), or None: it waits for `flush`."""
+        member = self.members.get(key, False)
+        block = stacked_block(directions)
+        if block is not None and not eligible(block):  # only Muon's read-only stages may see the live block
+            block = None
+        if member:
+            if member.static and block is not member.input:  # not the captured block: eager
+                return update(torch.stack(directions))
+            if not member.static:
+                torch.stack(directions, out=member.input)
+            self._waiting[key] = member
+            return None
+        stack = torch.stack(directions) if block is None else block
+        if member is None or not self.armed or self.graph is not None:
+            return update(stack)
+        if not eligible(stack):
+            self.members[key] = None
+            return update(stack)
+        self._waiting[key] = Member(update, stack, static=block is not None)  # a fresh stack is its own buffer
+        return None
+
+    def flush(self) -> dict[Key, torch.Tensor]:
+        """Every waiting megabatch's result: the graph replayed (captured first when there is none; a failed
+        capture runs them eagerly and leaves them eager), diverged Gram results recomputed eagerly."""
+        waiting, self._waiting = self._waiting, {}
+        if not waiting:
+            return {}
+        if self.graph is None:
+            try:
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                self._capture(list(waiting.values()))
+            except Exception as exc:  # noqa: BLE001 - an uncapturable plan stays eager; the step goes on
+                self.graph, self.pool = None, None
+                self.members.update(dict.fromkeys(waiting))
+                self.failures.append(f"megabatches {sorted(waiting)}: {type(exc).__name__}: {exc}")
+                return {key: m.update(m.input) for key, m in waiting.items()}
+            self.members.update(waiting)
+        self._replay()
+        self.replays += 1
+        return self._settle(waiting)
+
+    def _settle(self, waiting: dict[Key, Member]) -> dict[Key, torch.Tensor]:
+        """The members' outputs, but for those whose Gram flags say a matrix diverged: recomputed eagerly
+        (one synchronisation for all flags); the others' Gram matrices are counted in gram.STATS."""
+        out = {key: m.output for key, m in waiting.items()}
+        checked = [(key, m) for key, m in waiting.items() if m.checks.flags]
+        if checked:
+            flags = torch.stack([torch.stack(m.checks.flags).any() for _, m in checked]).tolist()
+            for (key, m), diverged in zip(checked, flags):
+                if diverged:
+                    out[key] = m.update(m.input)
+                else:
+                    gram.STATS.gram += m.checks.matrices
+        return out
+
+    def _capture(self, members: list[Member]) -> None:
+        """Warm up, then capture every member's update into `self.graph`, spread over the side streams."""
+        device = members[0].input.device
+        side = [torch.cuda.Stream(device) for _ in range(min(STREAMS, len(members)))]
+        lane = lanes([m.input.numel() for m in members], len(side))
+        for _ in range(WARMUP):
+            _forked(members, lane, side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            _forked(members, lane, side)
+        self.graph = graph
 
     def _replay(self) -> None:
         self.graph.replay()
 
-    def run(self, directions: list[torch.Tensor]) -> torch.Tensor:
-        """Replay on `directions`; the output is checked later (`checked`, `PlanGraphs.settle`)."""
-        if not self.static:
-            torch.stack(directions, out=self.input)
-        self._replay()
-        self.replays += 1
-        return self.output
 
-    @property
-    def checked(self) -> bool:
-        """True when the replay records divergence flags (Gram Newton–Schulz) to read before its output is used."""
-        return bool(self.checks.flags)
-
-
-class PlanGraphs:
-    """The graphs of one plan, by (group index, megabatch index); `None` marks an eager megabatch
-    (not capturable, or its capture failed). `armed` turns true after the plan's first step.
-
-    A replay whose graph records Gram divergence flags is `pending` until `settle` reads the flags of every
-    pending replay of the step at once: one host synchronisation per step, not one per megabatch (the
-    caller applies a pending result only after `settle`; each graph's output buffer holds it until then)."""
-
-    def __init__(self) -> None:
-        self.graphs: dict[tuple[int, int], Graphed | None] = {}
-        self.armed = False
-        self.pool: tuple | None = None
-        self.failures: list[str] = []
-        self._pending: dict[tuple[int, int], tuple[Graphed, Callable[[torch.Tensor], torch.Tensor]]] = {}
-
-    def pending(self, key: tuple[int, int]) -> bool:
-        """True when megabatch `key`'s result of this step waits for `settle`."""
-        return key in self._pending
-
-    def settle(self) -> dict[tuple[int, int], torch.Tensor]:
-        """Read the divergence flags of every pending replay (one synchronisation); returns, for each
-        megabatch whose Gram result diverged, its update recomputed eagerly (where the standard-iteration
-        fallback runs). The others' outputs stand, and their matrices are counted in gram.STATS."""
-        pending, self._pending = self._pending, {}
-        if not pending:
-            return {}
-        flags = torch.stack([torch.stack(g.checks.flags).any() for g, _ in pending.values()]).tolist()
-        out = {}
-        for (key, (graphed, update)), diverged in zip(pending.items(), flags):
-            if diverged:
-                out[key] = update(graphed.input)
-            else:
-                gram.STATS.gram += graphed.checks.matrices
-        return out
-
-    def run(self, key: tuple[int, int], update: Callable[[torch.Tensor], torch.Tensor],
-            directions: list[torch.Tensor], eligible: Callable[[torch.Tensor], bool]) -> torch.Tensor:
-        """The megabatch's update of `directions`: replayed, captured now, or eager."""
-        graphed = self.graphs.get(key, False)
-        block = stacked_block(directions)
-        if block is not None and not eligible(block):  # only Muon's read-only stages may see the live block
-            block = None
-        if graphed and graphed.static and block is not graphed.input:  # not the captured block: eager
-            return update(torch.stack(directions))
-        if graphed:
-            return self._replayed(key, graphed, update, directions)
-        stack = torch.stack(directions) if block is None else block
-        if graphed is None or not self.armed:
-            return update(stack)
-        if not eligible(stack):
-            self.graphs[key] = None
-            return update(stack)
-        try:
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            graphed = Graphed(update, stack, self.pool, static=block is not None)
-        except Exception as exc:  # noqa: BLE001 - an uncapturable update stays eager; the step goes on
-            self.graphs[key], self.pool = None, None  # later captures take a fresh pool
-            self.failures.append(f"megabatch {key}: {type(exc).__name__}: {exc}")
-            return update(stack)
-        self.graphs[key] = graphed
-        return self._replayed(key, graphed, update, directions)
-
-    def _replayed(self, key: tuple[int, int], graphed: Graphed, update: Callable[[torch.Tensor], torch.Tensor],
-                  directions: list[torch.Tensor]) -> torch.Tensor:
-        out = graphed.run(directions)
-        if graphed.checked:
-            self._pending[key] = (graphed, update)
-        return out
+def _forked(members: list[Member], lane: list[int], side: list[torch.cuda.Stream]) -> None:
+    """Each member's update on its side stream (forked from the current stream, joined back), its Gram
+    divergence checks recorded on the device, in `member.checks`."""
+    origin = torch.cuda.current_stream(side[0].device)
+    for stream in side:
+        stream.wait_stream(origin)
+    for member, index in zip(members, lane):
+        with torch.cuda.stream(side[index]), gram.deferred_checks() as checks:
+            member.output = member.update(member.input)
+        member.checks = checks
+    for stream in side:
+        origin.wait_stream(stream)

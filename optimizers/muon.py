@@ -56,9 +56,10 @@ class Muon(torch.optim.Optimizer):
         parameters sharded on the mesh dim named `tp_dim` (default "tp"); also a group option.
       num_heads: group option: orthogonalize a 2-D [num_heads * head_dim, in] parameter as num_heads
         [head_dim, in] blocks, lr scale from the head block (None: the whole matrix).
-      cuda_graphs: replay the orthogonalization of small single-process megabatches on CUDA from CUDA
-        graphs, one launch each instead of ~30 (polynomial orthogonalizers only; the same bits as eager;
-        optimizers/graphs.py). Default False.
+      cuda_graphs: replay the orthogonalizations of the small single-process megabatches on CUDA from one
+        CUDA graph per plan, one launch instead of ~30 per megabatch, the megabatches side by side on
+        parallel streams (polynomial orthogonalizers only; the same bits as eager; optimizers/graphs.py).
+        Default False.
       options: options of other registered algorithms; a group's missing options default from its record.
 
     Raises ValueError/TypeError before touching anything on bad options or parameters. `step()` is

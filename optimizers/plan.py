@@ -113,11 +113,11 @@ def _megabatches(params: list[torch.Tensor], process_group: dist.ProcessGroup | 
 
 def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: PlanGraphs | None = None) -> None:
     """Run every group's stages (optimizers/algorithms/base.py) as planned; with `graphs`, the
-    megabatch updates it may capture are replayed from CUDA graphs (optimizers/graphs.py), and those whose
-    Gram divergence flags wait (`PlanGraphs.pending`) are applied after the step's one `settle`. The stock
+    megabatch updates it may capture come from the plan's CUDA graph (optimizers/graphs.py), replayed once
+    after every megabatch is submitted, and are applied after it. The stock
     `momentum_direction` and `decoupled_apply` stages run batched (`momentum_directions`,
     `decoupled_apply_all`: torch._foreach_* passes, the per-parameter bits); replaced stages run as given."""
-    waiting: list[tuple[tuple[int, int], Callable[[torch.Tensor], None], torch.Tensor]] = []
+    waiting: list[tuple[tuple[int, int], Callable[[torch.Tensor], None]]] = []
     for index, plan in enumerate(plans):
         algorithm, group = plan.algorithm, plan.group
         if algorithm.elementwise:
@@ -150,14 +150,14 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 finish(algorithm.exchange(torch.stack(members), batch.layout, update))
                 continue
             result = _single_process(update, members, key, algorithm, group, graphs)
-            if graphs is not None and graphs.pending(key):
-                waiting.append((key, finish, result))
+            if result is None:  # from the graph's replay
+                waiting.append((key, finish))
             else:
                 finish(result)
     if waiting:
-        recomputed = graphs.settle()
-        for key, finish, result in waiting:
-            finish(recomputed.get(key, result))
+        results = graphs.flush()
+        for key, finish in waiting:
+            finish(results[key])
 
 
 def _apply_direct(algorithm: Algorithm, group: dict[str, Any], batch: Megabatch, matrices: torch.Tensor) -> None:
@@ -183,11 +183,12 @@ def _apply(algorithm: Algorithm, group: dict[str, Any], batch: Megabatch, state:
 
 
 def _single_process(update: Any, members: list[torch.Tensor], key: tuple[int, int], algorithm: Algorithm,
-                    group: dict[str, Any], graphs: PlanGraphs | None) -> torch.Tensor:
-    """`update` of one process's megabatch `members`: replayed from a CUDA graph (`graphs`), or run on
-    their momentum block where it may read it in place (`stacked_block`), else on their stack."""
+                    group: dict[str, Any], graphs: PlanGraphs | None) -> torch.Tensor | None:
+    """`update` of one process's megabatch `members`: submitted to the plan's graph (`graphs`; None: the
+    result comes from its `flush`), or run on their momentum block where it may read it in place
+    (`stacked_block`), else on their stack."""
     if graphs is not None:
-        return graphs.run(key, update, members, lambda stack: graph_eligible(algorithm, group, stack))
+        return graphs.submit(key, update, members, lambda stack: graph_eligible(algorithm, group, stack))
     block = stacked_block(members) if reads_only(algorithm) else None
     return update(torch.stack(members) if block is None else block)
 

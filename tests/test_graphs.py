@@ -1,5 +1,5 @@
 """Muon(cuda_graphs=True) (optimizers/graphs.py): which megabatches are captured, the plan's
-eager / capture / replay sequence, a failed capture left eager, and the option's check. The CUDA
+eager / capture / replay sequence, a failed capture left eager, the streams' assignment, and the option's check. The CUDA
 graphs themselves: tests/test_perf_cuda.py (bitwise equal to eager on a GPU)."""
 
 from __future__ import annotations
@@ -41,28 +41,32 @@ def test_nothing_is_captured_off_cuda():
     assert not graphs.capturable(MUON, {"orthogonalizer": "polar_express"}, torch.zeros(2, 3, 4))
 
 
-class FakeGraphed(graphs.Graphed):
-    """A CUDA graph's stand-in on CPU: "capture" and "replay" run the update eagerly, the replay
-    into the fixed output buffer, both with Gram's checks deferred, as under a real capture."""
+CAPTURES: list = []
 
-    captures: list = []
 
-    def _capture(self, update, pool):
-        FakeGraphed.captures.append(tuple(self.input.shape))
-        self.update = update
-        with gram.deferred_checks() as checks:
-            self.output = update(self.input)
-        return checks
+def fake_capture(self, members):
+    """A CUDA graph's stand-in on CPU: "capture" runs each member's update eagerly, Gram's checks
+    deferred, as under a real capture; "replay" (fake_replay) reruns every captured member into its
+    fixed output buffer."""
+    CAPTURES.extend(tuple(m.input.shape) for m in members)
+    for m in members:
+        with gram.deferred_checks() as m.checks:
+            m.output = m.update(m.input)
+    self.graph = "captured"
 
-    def _replay(self):
-        with gram.deferred_checks() as self.checks:
-            self.output.copy_(self.update(self.input))
+
+def fake_replay(self):
+    for m in self.members.values():
+        if m is not None:
+            with gram.deferred_checks() as m.checks:
+                m.output.copy_(m.update(m.input))
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    FakeGraphed.captures = []
-    monkeypatch.setattr(graphs, "Graphed", FakeGraphed)
+    CAPTURES.clear()
+    monkeypatch.setattr(graphs.PlanGraphs, "_capture", fake_capture)
+    monkeypatch.setattr(graphs.PlanGraphs, "_replay", fake_replay)
     monkeypatch.setattr(graphs.torch.cuda, "graph_pool_handle", lambda: ("pool",))
     monkeypatch.setattr("optimizers.plan.graph_eligible",
                         lambda algorithm, group, stack: graphs.captures(algorithm, group, stack.numel()))
@@ -78,10 +82,11 @@ def test_a_plan_runs_eagerly_then_captures_then_replays_with_the_eager_results(f
         regrad(ps, step)
         regrad(qs, step)
         if step == 1:  # step 0 created the state (a new plan at step 1): nothing captured yet
-            assert FakeGraphed.captures == []
-    # step 2 captured the plan's 3 megabatches ((6, 10) x2, (10, 6), the conv); steps 3, 4 replayed
-    assert FakeGraphed.captures == [(2, 6, 10), (1, 10, 6), (1, 4, 3, 2, 2)]
-    assert [g.replays for g in with_graphs._cached.graphs.graphs.values()] == [3, 3, 3]
+            assert CAPTURES == []
+    # step 2 captured the plan's 3 megabatches ((6, 10) x2, (10, 6), the conv) in one graph; steps 3, 4 replayed
+    assert CAPTURES == [(2, 6, 10), (1, 10, 6), (1, 4, 3, 2, 2)]
+    plan_graphs = with_graphs._cached.graphs
+    assert plan_graphs.replays == 3 and None not in plan_graphs.members.values() and len(plan_graphs.members) == 3
 
 
 def test_a_new_plan_starts_without_graphs(fake_cuda):
@@ -89,17 +94,17 @@ def test_a_new_plan_starts_without_graphs(fake_cuda):
     for _ in range(3):
         opt.step()
     old = opt._cached.graphs
-    assert len(old.graphs) == 3
+    assert len(old.members) == 3 and old.graph is not None
     opt.param_groups[0]["momentum"] = 0.9
     opt.step()
-    assert opt._cached.graphs is not old and opt._cached.graphs.graphs == {}
+    assert opt._cached.graphs is not old and opt._cached.graphs.members == {} and opt._cached.graphs.graph is None
 
 
 def test_an_ineligible_orthogonalizer_stays_eager(fake_cuda):
     opt, ps = make(cuda_graphs=True, orthogonalizer="svd")
     for _ in range(4):
         opt.step()
-    assert FakeGraphed.captures == [] and set(opt._cached.graphs.graphs.values()) == {None}
+    assert CAPTURES == [] and set(opt._cached.graphs.members.values()) == {None} and opt._cached.graphs.graph is None
 
 
 def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, monkeypatch):
@@ -119,7 +124,7 @@ def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, 
         assert all(torch.equal(p, q) for p, q in zip(ps, qs))
         assert counts[0] == counts[1] and counts[0][0] > 0, counts
         assert counts[0][1] == (counts[0][0] if diverged == 0.0 else 0)
-        assert [g.replays for g in with_graphs._cached.graphs.graphs.values()] == [3, 3, 3]
+        assert with_graphs._cached.graphs.replays == 3
 
 
 def steps_alike(steps: int):
@@ -134,18 +139,19 @@ def steps_alike(steps: int):
     return with_graphs
 
 
-def test_a_failed_capture_leaves_the_megabatch_eager_and_the_step_complete(fake_cuda, monkeypatch):
-    def refuse(update, example, pool):
+def test_a_failed_capture_leaves_the_plan_eager_and_the_step_complete(fake_cuda, monkeypatch):
+    def refuse(self, members):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(graphs, "Graphed", refuse)
+    monkeypatch.setattr(graphs.PlanGraphs, "_capture", refuse)
     with_graphs = steps_alike(4)
-    assert len(with_graphs._cached.graphs.failures) == 3
-    assert set(with_graphs._cached.graphs.graphs.values()) == {None}
+    plan_graphs = with_graphs._cached.graphs
+    assert len(plan_graphs.failures) == 1 and "operation not permitted" in plan_graphs.failures[0]
+    assert set(plan_graphs.members.values()) == {None} and len(plan_graphs.members) == 3 and plan_graphs.replays == 0
 
 
 def test_off_cuda_the_option_changes_nothing():
     with_graphs = steps_alike(3)
-    assert set(with_graphs._cached.graphs.graphs.values()) == {None}
+    assert set(with_graphs._cached.graphs.members.values()) == {None} and with_graphs._cached.graphs.graph is None
 
 
 def test_cuda_graphs_must_be_a_bool():
@@ -161,9 +167,9 @@ def test_a_megabatch_of_fresh_momentum_buffers_is_captured_reading_their_block(f
     for step in range(4):
         opt.step()
         regrad(ps, step)
-    pair = opt._cached.graphs.graphs[(0, 0)]
+    pair = opt._cached.graphs.members[(0, 0)]
     assert pair.static and pair.input is opt.state[ps[0]]["momentum_buffer"]._base
-    assert not opt._cached.graphs.graphs[(0, 1)].static  # one member: its own buffer, copied into the input
+    assert not opt._cached.graphs.members[(0, 1)].static  # one member: its own buffer, copied into the input
 
 
 def test_a_variant_that_writes_its_input_never_sees_the_live_block(fake_cuda):
@@ -180,3 +186,31 @@ def test_a_variant_that_writes_its_input_never_sees_the_live_block(fake_cuda):
         opt.step()
     assert all(opt.state[p]["momentum_buffer"].abs().max() > 0.01 for p in ps)
     assert all(not opt.state[p]["momentum_buffer"].eq(1.0).all() for p in ps)
+
+
+@pytest.mark.parametrize("sizes, count, expected", [
+    ([5, 1, 4, 3, 2], 2, [0, 0, 1, 1, 0]),  # 5 -> 0; 4 -> 1; 3 -> 1 (4 < 5); 2 -> 0 (7 > 5); 1 -> 0 (7 = 7: the lower)
+    ([3, 3, 3], 4, [0, 1, 2]),
+    ([1, 2, 3], 1, [0, 0, 0]),
+])
+def test_megabatches_go_largest_first_to_the_least_loaded_stream(sizes, count, expected):
+    assert graphs.lanes(sizes, count) == expected
+
+
+def test_graph_results_are_applied_after_the_replay(fake_cuda, monkeypatch):
+    """The replay runs once per step, after every megabatch is submitted (each update reads its input then),
+    and before any graph member's result is applied; the parameters move."""
+    from optimizers import plan
+    events = []
+    replay, apply = graphs.PlanGraphs._replay, plan._apply
+    monkeypatch.setattr(graphs.PlanGraphs, "_replay", lambda self: (events.append("replay"), replay(self)))
+    monkeypatch.setattr(plan, "_apply", lambda *args: (events.append("apply"), apply(*args)))
+    opt, ps = make(cuda_graphs=True)
+    for step in range(3):
+        opt.step()
+        regrad(ps, step)
+    before = [p.clone() for p in ps]
+    events.clear()
+    opt.step()
+    assert events == ["replay", "apply", "apply", "apply"]
+    assert all(not torch.equal(p, q) for p, q in zip(ps, before))

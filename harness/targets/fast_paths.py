@@ -1,7 +1,7 @@
 """Our optimizer with a GPU fast path switched on, so that the harness judges the fast path itself against
 the FP64 oracle (issue 13): `ours-triton` (optimizers.symmetric.TRITON and optimizers.elementwise.TRITON: the
-Triton kernel for the symmetric products, and the fused momentum and apply kernels on fp32 parameters) and `ours-graphs` (Muon(cuda_graphs=True): each small megabatch's orthogonalization captured once per
-plan and replayed).
+Triton kernel for the symmetric products, and the fused momentum and apply kernels on fp32 parameters) and `ours-graphs` (Muon(cuda_graphs=True): the small megabatches' orthogonalizations captured once per
+plan, in one graph on parallel streams, and replayed).
 
 Each declares ours' conventions and answers `unsupported` for every case its fast path cannot engage, with
 the reason, so that every pass is a judged run of the fast path, never ours' eager path passing under
