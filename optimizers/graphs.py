@@ -124,7 +124,6 @@ class PlanGraphs:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.replays = 0
         self.armed = False
-        self.pool: tuple | None = None
         self.failures: list[str] = []
         self._waiting: dict[Key, Member] = {}
 
@@ -159,11 +158,8 @@ class PlanGraphs:
             return {}
         if self.graph is None:
             try:
-                if self.pool is None:
-                    self.pool = torch.cuda.graph_pool_handle()
                 self._capture(list(waiting.values()))
             except Exception as exc:  # noqa: BLE001 - an uncapturable plan stays eager; the step goes on
-                self.graph, self.pool = None, None
                 self.members.update(dict.fromkeys(waiting))
                 self.failures.append(f"megabatches {sorted(waiting)}: {type(exc).__name__}: {exc}")
                 return {key: m.update(m.input) for key, m in waiting.items()}
@@ -194,7 +190,7 @@ class PlanGraphs:
         for _ in range(WARMUP):
             _forked(members, lane, side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph):  # its own memory pool: the plan has one graph
             _forked(members, lane, side)
         self.graph = graph
 

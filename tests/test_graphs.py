@@ -67,7 +67,6 @@ def fake_cuda(monkeypatch):
     CAPTURES.clear()
     monkeypatch.setattr(graphs.PlanGraphs, "_capture", fake_capture)
     monkeypatch.setattr(graphs.PlanGraphs, "_replay", fake_replay)
-    monkeypatch.setattr(graphs.torch.cuda, "graph_pool_handle", lambda: ("pool",))
     monkeypatch.setattr("optimizers.plan.graph_eligible",
                         lambda algorithm, group, stack: graphs.captures(algorithm, group, stack.numel()))
 
