@@ -11,6 +11,7 @@ from types import ModuleType
 
 import torch
 
+from optimizers.launches import on_device
 from optimizers.optional import triton_module
 
 MIN_NUMEL = 1 << 22
@@ -29,16 +30,16 @@ def triton_kernels() -> ModuleType | None:
 
 def _usable(tensors: list[torch.Tensor], numel: int, contiguous: bool = True) -> ModuleType | None:
     """The kernels, when TRITON is on, the launch covers `numel` >= MIN_NUMEL elements and every tensor is
-    an fp32 tensor (contiguous, if asked) the kernels can address (CUDA, or CPU under the interpreter) on one
-    device; else None."""
+    an fp32 tensor (contiguous, if asked) the kernels can address (CUDA, a meta tensor standing in for one
+    (optimizers/launches.py), or CPU under the interpreter) on one device; else None."""
     if not TRITON or not tensors or numel < MIN_NUMEL:
         return None
     kernels = triton_kernels()
     if kernels is None:
         return None
     device = tensors[0].device
-    on_device = device.type == "cuda" or (device.type == "cpu" and kernels.interpreted())
-    ok = on_device and all(t.dtype == torch.float32 and t.device == device and (t.is_contiguous() or not contiguous)
+    here = on_device(tensors[0]) or (device.type == "cpu" and kernels.interpreted())
+    ok = here and all(t.dtype == torch.float32 and t.device == device and (t.is_contiguous() or not contiguous)
                            for t in tensors)
     return kernels if ok else None
 

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from optimizers.launches import launch
 from optimizers.symmetric_triton import interpreted
 
 BLOCK = 4096
@@ -120,8 +121,8 @@ def momentum_(bufs: list[torch.Tensor], grads: list[torch.Tensor], mu: float) ->
     device = bufs[0].device
     numels = _table([b.numel() for b in bufs], device)
     programs = min(PROGRAMS, triton.cdiv(max(b.numel() for b in bufs), BLOCK))
-    _momentum[(programs, len(bufs))](_addresses(bufs, device), _addresses(grads, device), numels, float(mu),
-                                     BLOCK=BLOCK, **_EXACT)
+    launch(_momentum, (programs, len(bufs)), _addresses(bufs, device), _addresses(grads, device), numels, float(mu),
+           BLOCK=BLOCK, **_EXACT)
 
 
 def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | None, alpha: float) -> None:
@@ -130,9 +131,9 @@ def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | No
     row-major order is the parameter's): one launch. decay None: no decay product."""
     batch, rows, cols = matrices.shape
     grid = (triton.cdiv(rows, TILE_R) * triton.cdiv(cols, TILE_C), batch)
-    _apply[grid](_addresses(params, matrices.device), matrices, batch // len(params), rows, cols, *matrices.stride(),
-                 1.0 if decay is None else float(decay), float(alpha), HAS_DECAY=decay is not None,
-                 TILE_R=TILE_R, TILE_C=TILE_C, **_EXACT)
+    launch(_apply, grid, _addresses(params, matrices.device), matrices, batch // len(params), rows, cols,
+           *matrices.stride(), 1.0 if decay is None else float(decay), float(alpha), HAS_DECAY=decay is not None,
+           TILE_R=TILE_R, TILE_C=TILE_C, **_EXACT)
 
 
 def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -142,5 +143,5 @@ def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype) -> t
     out = torch.empty_like(x, dtype=dtype)
     per_matrix = x[0].numel()
     programs = min(PROGRAMS, triton.cdiv(per_matrix, BLOCK))
-    _divide[(programs, x.size(0))](x, denominators.contiguous(), out, per_matrix, BLOCK=BLOCK, **_EXACT)
+    launch(_divide, (programs, x.size(0)), x, denominators.contiguous(), out, per_matrix, BLOCK=BLOCK, **_EXACT)
     return out

@@ -7,6 +7,7 @@ is never merged with the matrix axes, so each parameter gets exactly the update 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -150,9 +151,10 @@ class Muon(torch.optim.Optimizer):
 
     def _plan(self) -> list[plan.GroupPlan]:
         """The validated plan of this step: the cached one while its key holds (lr and weight_decay
-        checked anew), else a new one; under a process group, only once every rank agrees."""
+        checked anew), else a new one, whose Triton kernels (when switched on) are compiled side by side
+        before it runs (plan.compile_ahead); under a process group, only once every rank agrees."""
         key, held = plan.cache_key(self.param_groups, self.state)
-        cached, error = self._cached, None
+        cached, error, fresh = self._cached, None, False
         if cached is not None and cached.key == key:
             try:
                 for index, group in enumerate(self.param_groups):
@@ -166,12 +168,19 @@ class Muon(torch.optim.Optimizer):
                 plans, error = [], exc
             fingerprint = plan.fingerprint(self.param_groups) if self._group is not None else []
             cached = _Cached(key, held, plans, fingerprint, plan.digest(fingerprint), PlanGraphs())
+            fresh = True
         if self._group is not None:
             agree(self._group, cached.fingerprint, cached.digest, error)
         if error is not None:
             self._cached = None
             raise error
         self._cached = cached
+        if fresh:
+            try:
+                plan.compile_ahead(cached.plans, self.state)
+            except Exception as exc:  # noqa: BLE001 - a speed-up only: the kernels then compile as they launch
+                warnings.warn(f"compiling the step's Triton kernels ahead failed ({type(exc).__name__}: {exc}); "
+                              "they compile at their first launch", RuntimeWarning, stacklevel=3)
         return cached.plans
 
 

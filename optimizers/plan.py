@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from optimizers import distributed, elementwise, state as param_state, tensor_parallel
+from optimizers import distributed, elementwise, launches, state as param_state, symmetric, tensor_parallel
 from optimizers.algorithms import Algorithm
 from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
 from optimizers.algorithms.base import FOREACH_DTYPES, no_postprocess, select_all
@@ -35,7 +35,7 @@ from optimizers.algorithms.muon import (MOMENTUM, default_compute_dtype, momentu
                                         orthogonalize_group)
 from optimizers.matrix_view import as_matrices
 from optimizers.graphs import PlanGraphs, capturable as graph_eligible, stacked_block
-from optimizers.gram_newton_schulz import iteration_dtype
+from optimizers.gram_newton_schulz import deferred_checks, iteration_dtype
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
 
@@ -158,6 +158,51 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
         results = graphs.flush()
         for key, finish in waiting:
             finish(results[key])
+
+
+def compile_ahead(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> int:
+    """Compile the Triton kernels a step of `plans` will launch on CUDA, side by side, before it runs
+    (optimizers/launches.py). Returns how many compiled: 0 where no kernel is switched on, or the
+    single-process megabatches do not lie on one CUDA device."""
+    if not (symmetric.TRITON or elementwise.TRITON):
+        return 0
+    devices = {b.params[0].device for p in plans for b in p.megabatches if b.layout is None}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        return 0
+    return launches.compile_all(rehearse(plans, state), devices.pop())
+
+
+def rehearse(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> list[launches.Launch]:
+    """The kernel launches a step of `plans` makes for its single-process megabatches, in order: the step
+    executed on meta tensors standing in for their parameters, gradients and state entries, its launches
+    noted instead of run (launches.recording) and its Gram divergence checks deferred. Nothing real is
+    read or written."""
+    shadows = []
+    stand_in: dict[torch.Tensor, torch.Tensor] = {}
+    for p in plans:
+        batches = [b for b in p.megabatches if b.layout is None]
+        if p.algorithm.elementwise or not batches:
+            continue
+        for b in batches:
+            for q in b.params:
+                stand_in[q] = _meta(q)
+                stand_in[q].grad = _meta(q.grad)
+        megabatches = tuple(Megabatch(b.shape, tuple(stand_in[q] for q in b.params), None) for b in batches)
+        params = tuple(q for b in megabatches for q in b.params)
+        shadows.append(GroupPlan({**p.group, "params": list(params)}, p.algorithm, params, megabatches))
+    shadow_state = {stand_in[q]: {k: _meta(v) if isinstance(v, torch.Tensor) else v for k, v in state[q].items()}
+                    for q in stand_in}
+    with launches.recording() as noted, deferred_checks():
+        execute(shadows, shadow_state)
+    return noted
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with `t`'s shape, strides, dtype and storage offset (its address modulo 16)."""
+    local = distributed.local(t)
+    span = 1 + sum((n - 1) * s for n, s in zip(local.shape, local.stride())) if local.numel() else 0
+    storage = torch.empty(local.storage_offset() + span, dtype=local.dtype, device="meta")
+    return storage.as_strided(local.shape, local.stride(), local.storage_offset())
 
 
 def _apply_direct(algorithm: Algorithm, group: dict[str, Any], batch: Megabatch, matrices: torch.Tensor) -> None:

@@ -58,6 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
+from optimizers.launches import launch, on_device
+
 DTYPES = (torch.bfloat16, torch.float16)
 """Operand dtypes the kernel takes (tensor-core dot products, fp32 accumulation)."""
 
@@ -93,9 +95,10 @@ INDEX_LIMIT = 2**31
 
 
 def usable(a: torch.Tensor) -> bool:
-    """The kernel can run on `a`'s device and dtype: CUDA (or the interpreter on CPU), bf16/fp16, and
+    """The kernel can run on `a`'s device and dtype: CUDA (a meta tensor standing in for one, or the
+    interpreter on CPU; optimizers/launches.py), bf16/fp16, and
     each matrix of the stack spans fewer than INDEX_LIMIT elements."""
-    return (a.dtype in DTYPES and (a.is_cuda or (interpreted() and a.device.type == "cpu"))
+    return (a.dtype in DTYPES and (on_device(a) or (interpreted() and a.device.type == "cpu"))
             and int32_offsets(tuple(a.shape), a.stride()))
 
 
@@ -320,7 +323,7 @@ def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stag
     fn, grid, args, constexprs = launch_plan(v, input, a, b, out, alpha, beta, tile, tile_k)
     extra = {} if interpreted() else dict(num_warps=warps or v.warps or WARPS,
                                           num_stages=stages or v.stages or STAGES)
-    fn[grid](*args, **constexprs, **extra)
+    launch(fn, grid, *args, **constexprs, **extra)
 
 
 def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, tile_k=None):

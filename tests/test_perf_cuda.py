@@ -117,3 +117,39 @@ def test_cuda_graphs_cut_the_launches():
                                                                   "cudaGraphLaunch"))
     print(f"launches per step: eager {counts[False]}, graphs {counts[True]}")
     assert 0 < counts[True] <= counts[False] / 2, counts
+
+
+def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
+    """With both kernel switches on, a new plan's Triton kernels are compiled side by side before its step
+    (optimizers/plan.py compile_ahead): the step itself then adds no kernel to any of the kernels' in-process
+    caches (emptied first, so that the compiles are this test's; Triton's disk cache may serve them)."""
+    pytest.importorskip("triton")
+    from optimizers import Muon, elementwise, elementwise_triton, plan, symmetric_triton
+
+    kernels = [symmetric_triton._upper_tiles_tma, symmetric_triton._upper_tiles, elementwise_triton._momentum,
+               elementwise_triton._apply, elementwise_triton._divide]
+    if not all(hasattr(k, "device_caches") for k in kernels):
+        pytest.skip("this triton keeps its compiled kernels elsewhere")
+
+    def compiled():
+        return sum(len(caches[0]) for k in kernels for caches in k.device_caches.values())
+
+    for k in kernels:
+        k.device_caches.clear()
+    monkeypatch.setattr(symmetric, "TRITON", True)
+    monkeypatch.setattr(elementwise, "TRITON", True)
+    ahead, original = [], plan.compile_ahead
+
+    def counted(plans, state):
+        ahead.append((original(plans, state), compiled()))
+        return ahead[-1][0]
+    monkeypatch.setattr(plan, "compile_ahead", counted)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen, device="cuda")) for s in [(2048, 4096)] * 2 + [(4096, 2048)]]
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=gen, device="cuda")
+    opt = Muon(ps, orthogonalizer="gram_newton_schulz", weight_decay=0.1)
+    opt.step()
+    torch.cuda.synchronize()
+    assert len(ahead) == 1 and ahead[0][0] >= 4, ahead  # products (2), divide, momentum, apply
+    assert compiled() == ahead[0][1], (compiled(), ahead)

@@ -1,0 +1,123 @@
+"""Every Triton launch of ours, so that a step's kernels can be compiled side by side before it runs.
+
+Triton compiles a kernel for each specialization (argument dtypes, constexprs, which integers are 1 or
+multiples of 16, which pointers are 16-byte aligned) at its first launch, on the launching thread: a
+step's first launch of each kernel waits for its compile (about 0.45 s each on the H200 machine, 11 of
+them in the 24-layer Gram Newton–Schulz step, 5 s in all). Within `recording()`, `launch` notes the
+launch instead of running it, and `on_device` lets meta tensors stand in for CUDA ones, so that a step
+run on meta tensors (optimizers/plan.py `compile_ahead`) lists exactly the launches the real one will
+make; `compile_all` then compiles them on a thread pool (Triton's compiler releases the GIL for most of
+its passes and its ptxas and launcher builds are subprocesses: 8 compiles took 2.17 s on 8 threads
+against 5.86 s one by one, benchmarks/results/2026-12-01-h200-torch2.11.0-first-step/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+WORKERS = 16
+"""Compile threads at most (one per kernel, up to the machine's CPUs)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as it was asked for: `kernel[grid](*args, **options)`."""
+
+    kernel: Any
+    grid: tuple
+    args: tuple
+    options: dict
+
+
+_RECORDED: list[list[Launch]] = []
+
+
+def launch(kernel: Any, grid: tuple, *args: Any, **options: Any) -> None:
+    """`kernel[grid](*args, **options)`, or, within `recording()`, the note of it."""
+    if _RECORDED:
+        _RECORDED[-1].append(Launch(kernel, tuple(grid), args, options))
+        return
+    kernel[grid](*args, **options)
+
+
+def on_device(t: torch.Tensor) -> bool:
+    """`t` lies where the kernels run: CUDA, or a meta tensor standing in for one within `recording()`."""
+    return t.is_cuda or (bool(_RECORDED) and t.is_meta)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Launch]]:
+    """Within: launches are noted in the yielded list, in order, and not run."""
+    noted: list[Launch] = []
+    _RECORDED.append(noted)
+    try:
+        yield noted
+    finally:
+        _RECORDED.pop()
+
+
+def signature(item: Any) -> Any:
+    """The part of a launch argument Triton specializes a kernel on: a tensor's dtype and whether its
+    address is 16-byte aligned (a meta tensor's address is its storage offset in bytes); an int's being 1
+    or a multiple of 16; a tensor descriptor's block and its tensor's signature; a float nothing; anything
+    else (bools, dtypes, constexpr values) itself."""
+    if isinstance(item, torch.Tensor):
+        return ("tensor", item.dtype, item.data_ptr() % 16 == 0)
+    if isinstance(item, float):
+        return "float"
+    if isinstance(item, int) and not isinstance(item, bool):
+        return ("int", item == 1, item % 16 == 0)
+    if hasattr(item, "block_shape") and hasattr(item, "base"):  # a host-side TMA descriptor
+        return ("descriptor", tuple(item.block_shape), signature(item.base))
+    return item
+
+
+def specialization(item: Launch) -> tuple:
+    """What decides the kernel `item` compiles: the kernel, its arguments' signatures and its options
+    (constexprs, warps, stages) by value; not the grid."""
+    return (id(item.kernel), tuple(signature(a) for a in item.args), tuple(sorted(item.options.items())))
+
+
+def distinct(launches: list[Launch]) -> list[Launch]:
+    """`launches` less those that would compile what an earlier one compiles (`specialization`)."""
+    seen, out = set(), []
+    for item in launches:
+        key = specialization(item)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
+def compile_all(launches: list[Launch], device: torch.device) -> int:
+    """Compile (and load on `device`) each distinct launch's kernel, side by side on a thread pool, as
+    its first real launch would: Triton's own `warmup`, then its launcher and module (a kernel already
+    compiled in this process is found in Triton's cache at once). A kernel that fails here is left to
+    its real launch, which handles the failure as it always did (optimizers/symmetric_triton.py falls
+    back to its base variant). Returns how many compiled."""
+    todo = distinct(launches)
+    if not todo:
+        return 0
+    import triton  # noqa: PLC0415 - only where there are launches (triton is optional)
+
+    triton.runtime.driver.active.utils  # noqa: B018 - its one-time build, before the threads share it
+
+    def one(item: Launch) -> bool:
+        try:
+            with torch.cuda.device(device):
+                compiled = item.kernel.warmup(*item.args, grid=item.grid, **item.options)
+                init = getattr(compiled, "_init_handles", None)  # the launcher and module (Triton internals)
+                if init is not None:
+                    init()
+        except Exception:  # noqa: BLE001 - the real launch meets it again and handles it
+            return False
+        return True
+
+    with ThreadPoolExecutor(min(len(todo), WORKERS, os.cpu_count() or 1)) as pool:
+        return sum(pool.map(one, todo))

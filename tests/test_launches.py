@@ -1,0 +1,173 @@
+"""Compiling a step's Triton kernels ahead (optimizers/launches.py; optimizers/plan.py `rehearse`,
+`compile_ahead`): the step rehearsed on meta tensors notes the same kernel specializations as the step
+itself launches, on every path that reaches a kernel, at the first step and at a later plan; the rehearsal
+reads and writes nothing real; a failed compile-ahead warns and leaves the step as it was. The rehearsal
+tests run the kernels under Triton's CPU interpreter (skipped without triton); the compiles themselves are
+tested on CUDA (tests/test_perf_cuda.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before triton's import, which reads it (this process has no GPU to leak to)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import optimizers  # noqa: E402
+from optimizers import elementwise, launches, plan, symmetric  # noqa: E402
+
+
+class FakeKernel:
+    """A kernel[grid](*args) stand-in counting its runs."""
+
+    def __init__(self):
+        self.runs = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: self.runs.append((grid, args, options))
+
+
+def test_launch_runs_outside_recording_and_only_notes_within():
+    kernel = FakeKernel()
+    launches.launch(kernel, (2, 1), 1.0, BLOCK=8)
+    assert kernel.runs == [((2, 1), (1.0,), {"BLOCK": 8})]
+    with launches.recording() as noted:
+        launches.launch(kernel, (3,), 5, BLOCK=4)
+    assert len(kernel.runs) == 1
+    assert noted == [launches.Launch(kernel, (3,), (5,), {"BLOCK": 4})]
+    launches.launch(kernel, (1,))
+    assert len(kernel.runs) == 2
+
+
+def test_meta_tensors_stand_in_for_cuda_only_while_recording():
+    meta = torch.empty(4, device="meta")
+    assert not launches.on_device(meta) and not launches.on_device(torch.empty(4))
+    with launches.recording():
+        assert launches.on_device(meta) and not launches.on_device(torch.empty(4))
+    assert not launches.on_device(meta)
+
+
+def test_distinct_merges_exactly_what_triton_compiles_once():
+    """Launches differing only where Triton does not specialize (grid, float values, int values of the same
+    class, tensor shapes) merge; a dtype, an alignment, an int of another class, an option apart."""
+    k, other = FakeKernel(), FakeKernel()
+    storage = torch.empty(64, dtype=torch.float16, device="meta")
+    aligned, offset = storage[:32], storage[1:33]
+    base = launches.Launch(k, (1,), (aligned, 4096, 0.5), {"TILE": 128})
+    same = [launches.Launch(k, (7, 2), (storage[8:40], 11008, 2.0), {"TILE": 128})]
+    apart = [launches.Launch(other, (1,), (aligned, 4096, 0.5), {"TILE": 128}),
+             launches.Launch(k, (1,), (aligned.float(), 4096, 0.5), {"TILE": 128}),
+             launches.Launch(k, (1,), (offset, 4096, 0.5), {"TILE": 128}),
+             launches.Launch(k, (1,), (aligned, 4100, 0.5), {"TILE": 128}),
+             launches.Launch(k, (1,), (aligned, 1, 0.5), {"TILE": 128}),
+             launches.Launch(k, (1,), (aligned, 4096, 0.5), {"TILE": 64})]
+    assert launches.distinct([base] + same) == [base]
+    assert launches.distinct([base] + apart) == [base] + apart
+
+
+SHAPES = [(24, 40), (24, 40), (40, 24), (40, 24), (24, 24), (8, 4, 3, 3), (8, 4, 3, 3), (16, 8, 3)]
+"""Wide, tall and square megabatches, convolutions (flattened or sliced) and a 3-D weight."""
+
+CONFIGS = [
+    dict(orthogonalizer="gram_newton_schulz", compute_dtype=torch.float16, weight_decay=0.1, flatten=True),
+    dict(orthogonalizer="gram_newton_schulz", compute_dtype=torch.bfloat16, nesterov=True),
+    dict(orthogonalizer="polar_express", compute_dtype=torch.bfloat16, weight_decay=0.1),
+    dict(orthogonalizer="newton_schulz", compute_dtype=torch.float16, flatten=True, nesterov=True),
+    dict(algorithm="normuon", compute_dtype=torch.bfloat16, weight_decay=0.1),
+]
+
+
+@pytest.fixture
+def kernels_on(monkeypatch):
+    """Both kernel switches on, at the tests' small sizes; the real launches spied on."""
+    pytest.importorskip("triton")
+    from optimizers import elementwise_triton, symmetric_triton
+    monkeypatch.setattr(symmetric, "TRITON", True)
+    monkeypatch.setattr(symmetric, "TRITON_ROWS", 16)
+    monkeypatch.setattr(elementwise, "TRITON", True)
+    monkeypatch.setattr(elementwise, "MIN_NUMEL", 0)
+    real: list[launches.Launch] = []
+
+    def spy(kernel, grid, *args, **options):
+        if not launches._RECORDED:
+            real.append(launches.Launch(kernel, tuple(grid), args, options))
+        launches.launch(kernel, grid, *args, **options)
+    for module in (symmetric_triton, elementwise_triton):
+        monkeypatch.setattr(module, "launch", spy)
+    return real
+
+
+def specializations(noted):
+    return {launches.specialization(item) for item in noted}
+
+
+def setup(config, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in SHAPES]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    return params, optimizers.Muon(params, lr=0.02, **config)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_rehearsal_notes_the_kernels_the_step_launches(kernels_on, config):
+    """At the first plan (no state yet) and at the second (momentum buffers held): the same launches, in
+    number and in specialization, elementwise kernels among them."""
+    params, opt = setup(config)
+    for step in range(2):
+        plans = plan.make_plan(opt.param_groups, opt.state, None)
+        rehearsed = plan.rehearse(plans, opt.state)
+        kernels_on.clear()
+        opt.step()
+        assert len(rehearsed) == len(kernels_on) > 0, f"step {step}"
+        assert specializations(rehearsed) == specializations(kernels_on), f"step {step}"
+        names = {item.kernel.fn.__name__ if hasattr(item.kernel, "fn") else str(item.kernel) for item in rehearsed}
+        assert {"_momentum", "_apply"} <= names, names
+        for p in params:
+            p.grad = torch.randn_like(p)
+
+
+def test_rehearsal_reads_and_writes_nothing_real(kernels_on):
+    params, opt = setup(CONFIGS[0])
+    opt.step()  # state held
+    before = [(p.detach().clone(), p.grad.clone()) for p in params]
+    state = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()} for p in params}
+    plans = plan.make_plan(opt.param_groups, opt.state, None)
+    kernels_on.clear()
+    assert plan.rehearse(plans, opt.state)
+    assert kernels_on == []  # nothing launched
+    for p, (value, grad) in zip(params, before):
+        assert torch.equal(p, value) and torch.equal(p.grad, grad)
+        assert opt.state[p].keys() == state[p].keys()
+        assert all(torch.equal(v, state[p][k]) for k, v in opt.state[p].items() if isinstance(v, torch.Tensor))
+    assert len(opt.state) == len(params)
+
+
+def test_compile_ahead_compiles_nothing_off_cuda_or_with_the_kernels_off(kernels_on, monkeypatch):
+    params, opt = setup(CONFIGS[0])
+    plans = plan.make_plan(opt.param_groups, opt.state, None)
+    assert plan.compile_ahead(plans, opt.state) == 0  # CPU parameters
+    monkeypatch.setattr(launches, "compile_all", lambda noted, device: pytest.fail("compiled"))
+    monkeypatch.setattr(symmetric, "TRITON", False)
+    monkeypatch.setattr(elementwise, "TRITON", False)
+    assert plan.compile_ahead(plans, opt.state) == 0
+
+
+def test_a_failed_compile_ahead_warns_and_the_step_runs_as_before(monkeypatch):
+    """compile_ahead runs once per new plan; its failure is a warning, and the parameters step as without it."""
+    calls = []
+
+    def broken(plans, state):
+        calls.append(len(plans))
+        raise RuntimeError("no compiler")
+    params, opt = setup(CONFIGS[2])
+    reference, ref_opt = setup(CONFIGS[2])
+    ref_opt.step()
+    monkeypatch.setattr(plan, "compile_ahead", broken)
+    with pytest.warns(RuntimeWarning, match="compiling the step's Triton kernels ahead failed .*no compiler"):
+        opt.step()
+    assert calls == [1]
+    for p, q in zip(params, reference):
+        assert torch.equal(p, q)
