@@ -98,6 +98,8 @@ def _table(values: list[int], device: torch.device) -> torch.Tensor:
     """`values` as an int64 tensor on `device`, cached by value: the same parameters, buffers and (from the
     caching allocator) gradients come back every step, and a copy from pageable host memory would make the
     host wait for the GPU. A new table is copied from pinned memory, asynchronously."""
+    if device.type == "meta":  # a rehearsal's (optimizers/launches.py): not kept
+        return torch.empty(len(values), dtype=torch.int64, device=device)
     key = (str(device), *values)
     table = _TABLES.get(key)
     if table is None:

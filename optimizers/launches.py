@@ -46,9 +46,14 @@ def launch(kernel: Any, grid: tuple, *args: Any, **options: Any) -> None:
     kernel[grid](*args, **options)
 
 
+def noting() -> bool:
+    """True within `recording()`: what runs is a rehearsal, which counts and caches nothing."""
+    return bool(_RECORDED)
+
+
 def on_device(t: torch.Tensor) -> bool:
     """`t` lies where the kernels run: CUDA, or a meta tensor standing in for one within `recording()`."""
-    return t.is_cuda or (bool(_RECORDED) and t.is_meta)
+    return t.is_cuda or (noting() and t.is_meta)
 
 
 @contextlib.contextmanager
@@ -95,18 +100,28 @@ def distinct(launches: list[Launch]) -> list[Launch]:
     return out
 
 
+FAILURES: list[str] = []
+"""Kernels `compile_all` could not compile ahead in this process, with the error (their real launch then
+compiles them, or fails as it always would)."""
+
+
 def compile_all(launches: list[Launch], device: torch.device) -> int:
     """Compile (and load on `device`) each distinct launch's kernel, side by side on a thread pool, as
     its first real launch would: Triton's own `warmup`, then its launcher and module (a kernel already
-    compiled in this process is found in Triton's cache at once). A kernel that fails here is left to
-    its real launch, which handles the failure as it always did (optimizers/symmetric_triton.py falls
-    back to its base variant). Returns how many compiled."""
+    compiled in this process is found in Triton's cache at once). A kernel that fails here is noted in
+    FAILURES and left to its real launch, which handles the failure as it always did
+    (optimizers/symmetric_triton.py falls back to its base variant). Returns how many compiled."""
     todo = distinct(launches)
     if not todo:
         return 0
     import triton  # noqa: PLC0415 - only where there are launches (triton is optional)
 
-    triton.runtime.driver.active.utils  # noqa: B018 - its one-time build, before the threads share it
+    with torch.cuda.device(device):
+        triton.runtime.driver.active.utils  # noqa: B018 - its one-time build, before the threads share it
+        for kernel in {id(item.kernel): item.kernel for item in todo}.values():
+            caches = getattr(kernel, "device_caches", None)  # Triton's per-device binder and kernel cache,
+            if caches is not None:  # made here, once: made by two threads at once, one's compile is lost
+                caches[triton.runtime.driver.active.get_current_device()]  # noqa: B018
 
     def one(item: Launch) -> bool:
         try:
@@ -115,7 +130,9 @@ def compile_all(launches: list[Launch], device: torch.device) -> int:
                 init = getattr(compiled, "_init_handles", None)  # the launcher and module (Triton internals)
                 if init is not None:
                     init()
-        except Exception:  # noqa: BLE001 - the real launch meets it again and handles it
+        except Exception as exc:  # noqa: BLE001 - the real launch meets it again and handles it
+            name = getattr(getattr(item.kernel, "fn", None), "__name__", repr(item.kernel))
+            FAILURES.append(f"{name}: {type(exc).__name__}: {exc}")
             return False
         return True
 

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # before triton's import, which reads it (thi
 pytest.importorskip("triton")
 
 import optimizers  # noqa: E402
-from optimizers import elementwise  # noqa: E402
+from optimizers import elementwise, launches  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(12, 20), (12, 20), (30, 8), (30, 8), (6, 4, 3, 3), (6, 4, 3, 3), (16, 16)]
@@ -34,7 +34,7 @@ def fused(monkeypatch):
         original = getattr(kernels, name)
 
         def counted(*args, _name=name.rstrip("_"), _original=original):
-            calls[_name] += 1
+            calls[_name] += not launches.noting()  # not a step's rehearsal (optimizers/launches.py)
             return _original(*args)
         monkeypatch.setattr(kernels, name, counted)
     return calls

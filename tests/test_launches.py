@@ -18,6 +18,8 @@ if not torch.cuda.is_available():  # before triton's import, which reads it (thi
 import optimizers  # noqa: E402
 from optimizers import elementwise, launches, plan, symmetric  # noqa: E402
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 class FakeKernel:
     """A kernel[grid](*args) stand-in counting its runs."""
@@ -91,7 +93,7 @@ def kernels_on(monkeypatch):
     real: list[launches.Launch] = []
 
     def spy(kernel, grid, *args, **options):
-        if not launches._RECORDED:
+        if not launches.noting():
             real.append(launches.Launch(kernel, tuple(grid), args, options))
         launches.launch(kernel, grid, *args, **options)
     for module in (symmetric_triton, elementwise_triton):
@@ -105,9 +107,9 @@ def specializations(noted):
 
 def setup(config, seed=0):
     g = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in SHAPES]
+    params = [torch.nn.Parameter(torch.randn(s, generator=g).to(DEVICE)) for s in SHAPES]
     for p in params:
-        p.grad = torch.randn(p.shape, generator=g)
+        p.grad = torch.randn(p.shape, generator=g).to(DEVICE)
     return params, optimizers.Muon(params, lr=0.02, **config)
 
 
@@ -136,8 +138,11 @@ def test_rehearsal_reads_and_writes_nothing_real(kernels_on):
     state = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()} for p in params}
     plans = plan.make_plan(opt.param_groups, opt.state, None)
     kernels_on.clear()
+    from optimizers import elementwise_triton, symmetric_triton
+    products, tables = symmetric_triton.STATS.products, list(elementwise_triton._TABLES)
     assert plan.rehearse(plans, opt.state)
     assert kernels_on == []  # nothing launched
+    assert symmetric_triton.STATS.products == products and list(elementwise_triton._TABLES) == tables
     for p, (value, grad) in zip(params, before):
         assert torch.equal(p, value) and torch.equal(p.grad, grad)
         assert opt.state[p].keys() == state[p].keys()
@@ -146,10 +151,11 @@ def test_rehearsal_reads_and_writes_nothing_real(kernels_on):
 
 
 def test_compile_ahead_compiles_nothing_off_cuda_or_with_the_kernels_off(kernels_on, monkeypatch):
+    monkeypatch.setattr(launches, "compile_all", lambda noted, device: pytest.fail("compiled"))
     params, opt = setup(CONFIGS[0])
     plans = plan.make_plan(opt.param_groups, opt.state, None)
-    assert plan.compile_ahead(plans, opt.state) == 0  # CPU parameters
-    monkeypatch.setattr(launches, "compile_all", lambda noted, device: pytest.fail("compiled"))
+    if DEVICE == "cpu":
+        assert plan.compile_ahead(plans, opt.state) == 0
     monkeypatch.setattr(symmetric, "TRITON", False)
     monkeypatch.setattr(elementwise, "TRITON", False)
     assert plan.compile_ahead(plans, opt.state) == 0

@@ -124,7 +124,7 @@ def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
     (optimizers/plan.py compile_ahead): the step itself then adds no kernel to any of the kernels' in-process
     caches (emptied first, so that the compiles are this test's; Triton's disk cache may serve them)."""
     pytest.importorskip("triton")
-    from optimizers import Muon, elementwise, elementwise_triton, plan, symmetric_triton
+    from optimizers import Muon, elementwise, elementwise_triton, launches, plan, symmetric_triton
 
     kernels = [symmetric_triton._upper_tiles_tma, symmetric_triton._upper_tiles, elementwise_triton._momentum,
                elementwise_triton._apply, elementwise_triton._divide]
@@ -151,5 +151,6 @@ def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
     opt = Muon(ps, orthogonalizer="gram_newton_schulz", weight_decay=0.1)
     opt.step()
     torch.cuda.synchronize()
+    assert launches.FAILURES == []
     assert len(ahead) == 1 and ahead[0][0] >= 4, ahead  # products (2), divide, momentum, apply
     assert compiled() == ahead[0][1], (compiled(), ahead)
