@@ -189,7 +189,11 @@ def rehearse(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> list[lau
                 stand_in[q].grad = _meta(q.grad)
         megabatches = tuple(Megabatch(b.shape, tuple(stand_in[q] for q in b.params), None) for b in batches)
         params = tuple(q for b in megabatches for q in b.params)
-        shadows.append(GroupPlan({**p.group, "params": list(params)}, p.algorithm, params, megabatches))
+        # the options a parameter's device decides, decided by the real device (the stand-ins are on meta)
+        group = {**p.group, "params": list(params)}
+        if "compute_dtype" in group:
+            group["compute_dtype"] = group["compute_dtype"] or default_compute_dtype(batches[0].params[0].device)
+        shadows.append(GroupPlan(group, p.algorithm, params, megabatches))
     shadow_state = {stand_in[q]: {k: _meta(v) if isinstance(v, torch.Tensor) else v for k, v in state[q].items()}
                     for q in stand_in}
     with launches.recording() as noted, deferred_checks():

@@ -78,6 +78,7 @@ CONFIGS = [
     dict(orthogonalizer="polar_express", compute_dtype=torch.bfloat16, weight_decay=0.1),
     dict(orthogonalizer="newton_schulz", compute_dtype=torch.float16, flatten=True, nesterov=True),
     dict(algorithm="normuon", compute_dtype=torch.bfloat16, weight_decay=0.1),
+    dict(orthogonalizer="gram_newton_schulz", weight_decay=0.1),  # the device's default compute dtype
 ]
 
 
