@@ -176,12 +176,13 @@ def rehearse(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> list[lau
     """The kernel launches a step of `plans` makes for its single-process megabatches, in order: the step
     executed on meta tensors standing in for their parameters, gradients and state entries, its launches
     noted instead of run (launches.recording) and its Gram divergence checks deferred. Nothing real is
-    read or written."""
+    read or written. Groups whose algorithm selects rows by their values (a `select` stage other than
+    `select_all`: Dion2) are left out: their shapes are not known before the step."""
     shadows = []
     stand_in: dict[torch.Tensor, torch.Tensor] = {}
     for p in plans:
         batches = [b for b in p.megabatches if b.layout is None]
-        if p.algorithm.elementwise or not batches:
+        if p.algorithm.elementwise or p.algorithm.select is not select_all or not batches:
             continue
         for b in batches:
             for q in b.params:
