@@ -119,8 +119,10 @@ def compile_all(launches: list[Launch], device: torch.device) -> int:
     with torch.cuda.device(device):
         triton.runtime.driver.active.utils  # noqa: B018 - its one-time build, before the threads share it
         for kernel in {id(item.kernel): item.kernel for item in todo}.values():
-            caches = getattr(kernel, "device_caches", None)  # Triton's per-device binder and kernel cache,
-            if caches is not None:  # made here, once: made by two threads at once, one's compile is lost
+            # Triton's per-device binder and kernel cache, made here once: a defaultdict entry made by two
+            # threads at once is made twice, and a compile stored in the copy that loses is lost
+            caches = getattr(kernel, "device_caches", None)
+            if caches is not None:
                 caches[triton.runtime.driver.active.get_current_device()]  # noqa: B018
 
     def one(item: Launch) -> bool:
