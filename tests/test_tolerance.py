@@ -120,17 +120,26 @@ def test_coefficient_is_twice_the_worst_rounded_up_to_two_digits():
     assert tolerance.coefficient(0.026) == pytest.approx(0.052)
 
 
+CROSS_MACHINE = 0.15
+"""Relative spread allowed between a rerun worst c and the recorded one across x86 CPUs: the largest measured
+was 9.2% (below); a recorded worst that no run produced would be off by far more."""
+
+
 @pytest.mark.parametrize("key", ["muon fp32@fp32/poly-steep/well", "muon fp64@fp64/svd/well",
                                  "normuon bf16@bf16/poly-mild/well"])
 def test_the_measurement_reproduces_within_its_recorded_worst(key):
-    """The data is a measurement, not a wish: rerunning the case recorded as a key's worst needs
-    exactly the recorded c."""
+    """The data is a measurement, not a wish: rerunning the case recorded as a key's worst needs the
+    recorded c, within CROSS_MACHINE. Exact on the machine that measured it, but not across CPUs: on
+    2026-12-01 a CI-class machine (an AVX-512 Xeon, the same torch 2.13.0 CPU build and seeds) gave 0.908x
+    and 0.920x the recorded c of the first two keys below, run after run, with numpy 2.3.5-2.4.6 and scipy
+    1.16.3-1.17.1 alike, and the same under ATEN_CPU_CAPABILITY=avx2/default and every MKL_CBWR
+    setting; the third reproduced exactly."""
     torch.set_num_threads(1)  # as measured
     recorded = tolerance.evidence("cpu").entries[key]
     case_id, scaled, factor = recorded.worst_case.partition(" scaled x ")
     runs = {label: (k, c) for k, c, label in MEASURE.measure(Case.from_id(case_id), OursMuon(), torch.device("cpu"))}
     got_key, c = runs[scaled + factor]
-    assert str(got_key) == key and c == pytest.approx(recorded.worst, rel=1e-6)
+    assert str(got_key) == key and c == pytest.approx(recorded.worst, rel=CROSS_MACHINE)
     assert MEASURE.policy_key(Case.from_id(case_id), OursMuon()) == key  # what --per-key counts, without a run
 
 
