@@ -31,7 +31,8 @@ import torch
 
 from optimizers import elementwise
 from optimizers.norms import frobenius
-from optimizers.symmetric import symmetric_baddbmm, symmetric_bmm
+from optimizers.symmetric import (adds_identity, polynomial_product, polynomial_with_identity, symmetric_baddbmm,
+                                  symmetric_bmm)
 
 Coefficients = tuple[float, float, float]
 
@@ -123,12 +124,11 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
 
 
 def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients]) -> torch.Tensor:
-    """The standard iteration X <- aX + (bA + cA²)X, A = X Xᵀ, on wide matrices x [B, m, n]
-    (A and bA + cA² by their lower block triangles, optimizers/symmetric.py)."""
+    """The standard iteration X <- (aI + bA + cA²)X, A = X Xᵀ, on wide matrices x [B, m, n]
+    (A and the polynomial by their lower block triangles, optimizers/symmetric.py)."""
     for a, b, c in coefficients:
         gram = symmetric_bmm(x, x.mT)
-        poly = symmetric_baddbmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, poly, x, beta=a)
+        x = polynomial_product(gram, x, a, b, c)
     return x
 
 
@@ -136,18 +136,28 @@ def gram_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], restarts: 
     """The Gram iteration on wide matrices x [B, m, n] (m < n), restarting before each step in `restarts`.
 
     R, Z, Q and the products updating them are polynomials in one symmetric matrix (they commute), so
-    each is symmetric and formed by its lower block triangle (optimizers/symmetric.py)."""
+    each is symmetric and formed by its lower block triangle (optimizers/symmetric.py). Where the Triton
+    kernel takes the products (`adds_identity`), it forms W = aI + Z in one rounding and the updates are
+    plain products, Q W and (R W) W; elsewhere Q Z + aQ, R Z + aR, as the published versions round them."""
     r = symmetric_bmm(x, x.mT)
     q: torch.Tensor | None = None
     last = len(coefficients) - 1
+    fused = adds_identity(r)
     for i, (a, b, c) in enumerate(coefficients):
         if i in restarts and q is not None:
             x = q @ x
             r = symmetric_bmm(x, x.mT)
             q = None
+        update_r = i < last and i + 1 not in restarts
+        if fused:
+            w = polynomial_with_identity(r, a, b, c)
+            q = w if q is None else symmetric_bmm(q, w)
+            if update_r:
+                r = symmetric_bmm(symmetric_bmm(r, w), w)
+            continue
         z = symmetric_baddbmm(r, r, r, beta=b, alpha=c)
         q = plus_identity(z, a) if q is None else symmetric_baddbmm(q, q, z, beta=a)
-        if i < last and i + 1 not in restarts:
+        if update_r:
             rz = symmetric_baddbmm(r, z, r, beta=a)
             r = symmetric_baddbmm(rz, z, rz, beta=a)
     return x if q is None else q @ x

@@ -5,7 +5,11 @@ m x m result is cut into T x T tiles of TILE rows; one program computes tile (i,
 accumulation over k) and stores it at (i, j) and, transposed, at (j, i). That is T (T + 1) / 2 of the
 T² tiles: 0.52 of the full product's multiply-adds at m = 4096 (T = 32), against 5/8 for the four row
 blocks of optimizers/symmetric.py, in one launch and with no mirror copy. A diagonal tile is computed
-whole; an off-diagonal tile's mirror is its exact transpose.
+whole; an off-diagonal tile's mirror is its exact transpose. `identity` adds a multiple of I in the
+epilogue, before the one rounding: the Newton-Schulz polynomial aI + bA + cA² in one launch
+(optimizers/symmetric.py `polynomial_with_identity`), where the published form needs a copy (aX + BX by
+baddbmm; Q = Z + aI by a clone). On the 24-layer step (one H200): 517.94 ms against 532.97 ms, interleaved
+rounds (benchmarks/results/2026-12-01-h200-torch2.11.0-identity-epilogue/).
 
 Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call by the module constant
 `VARIANT`, "tma" at 4 warps and 4 stages: the fastest measured):
@@ -111,9 +115,11 @@ def int32_offsets(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 @triton.jit
 def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
-                 sab, sam, sak, sbb, sbk, sbn, scb, scm, scn, sob, som, son, alpha, beta,
-                 HAS_C: tl.constexpr, TILE_M: tl.constexpr, TILE_R: tl.constexpr, EVEN: tl.constexpr = False):
+                 sab, sam, sak, sbb, sbk, sbn, scb, scm, scn, sob, som, son, alpha, beta, identity,
+                 HAS_C: tl.constexpr, TILE_M: tl.constexpr, TILE_R: tl.constexpr, EVEN: tl.constexpr = False,
+                 HAS_IDENTITY: tl.constexpr = False):
     # EVEN (variant "even"): m % TILE_M == 0 and k % TILE_R == 0, so no load or store is masked.
+    # HAS_IDENTITY: `identity` is added to the diagonal in fp32, before the one rounding.
     pair = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)  # batch * stride passes 2^31 on large stacks (72 x 4096 x 11008)
     ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
@@ -140,6 +146,8 @@ def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
         else:
             c = tl.load(c_ptr + batch * scb + rows[:, None] * scm + cols[None, :] * scn, mask=inside, other=0.0)
         acc += beta * c.to(tl.float32)
+    if HAS_IDENTITY:
+        acc = tl.where(rows[:, None] == cols[None, :], acc + identity, acc)
     result = acc.to(out_ptr.dtype.element_ty)
     if EVEN:
         tl.store(out_ptr + batch * sob + rows[:, None] * som + cols[None, :] * son, result)
@@ -152,9 +160,9 @@ def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
 
 
 @triton.jit
-def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, alpha, beta,
+def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, alpha, beta, identity,
                      HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
-                     TILE_M: tl.constexpr, TILE_R: tl.constexpr):
+                     TILE_M: tl.constexpr, TILE_R: tl.constexpr, HAS_IDENTITY: tl.constexpr = False):
     # tile (ti, tj), tj >= ti, of matrix `batch`: loads and stores by TMA
     pair = tl.program_id(0)
     batch = tl.program_id(1)
@@ -176,11 +184,13 @@ def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, al
     acc = acc * alpha
     if HAS_C:  # TMA zero-fills past the matrix's edge
         acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_M).to(tl.float32)
+    idx = tl.arange(0, TILE_M)
+    if HAS_IDENTITY:  # `identity` on the diagonal, in fp32 before the one rounding
+        acc = tl.where((r0 + idx[:, None] == c0 + idx[None, :]), acc + identity, acc)
     result = acc.to(out_ptr.dtype.element_ty)
     # a diagonal tile (tj == ti): its lower half is replaced by the transpose of its upper half, so the
     # tile and its transposed store are the same bits (TMA writes it twice, identically); every other
     # tile lies wholly above the diagonal. Stores past the matrix's edge are clipped.
-    idx = tl.arange(0, TILE_M)
     lower = (idx[:, None] > idx[None, :]) & (tj == ti)
     result = tl.where(lower, tl.trans(result), result)
     out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_M))
@@ -288,11 +298,11 @@ def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: to
 def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float = 1.0,
                       alpha: float = 1.0, tile: int | None = None, tile_k: int | None = None,
                       variant: str | None = None, warps: int | None = None,
-                      stages: int | None = None) -> torch.Tensor:
-    """beta * input + alpha * (a @ b) for a [B, m, k], b [B, k, m] with a symmetric product (and a
-    symmetric `input` [B, m, m], or None: alpha * (a @ b)), by upper tiles, in a's dtype; `tile`,
-    `tile_k` default to TILE, TILE_K and `variant` to VARIANT (read at the call; see `resolve` for
-    its fallbacks); `warps`, `stages` override the variant's launch."""
+                      stages: int | None = None, identity: float = 0.0) -> torch.Tensor:
+    """beta * input + alpha * (a @ b) + identity * I for a [B, m, k], b [B, k, m] with a symmetric
+    product (and a symmetric `input` [B, m, m], or None: no input term), by upper tiles, in a's dtype,
+    each entry rounded once from fp32; `tile`, `tile_k` default to TILE, TILE_K and `variant` to VARIANT
+    (read at the call; see `resolve` for its fallbacks); `warps`, `stages` override the variant's launch."""
     tile, tile_k = tile or TILE, tile_k or TILE_K
     if not usable(a) or b.dtype != a.dtype or (input is not None and input.dtype != a.dtype):
         raise ValueError(f"the Triton symmetric product takes {DTYPES} on CUDA (or the interpreter), got "
@@ -304,7 +314,7 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
     name = resolve(variant, input, a, b, tile, tile_k)
     out = torch.empty(batch, m, m, dtype=a.dtype, device=a.device)
     try:
-        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages)
+        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages, identity)
     except Exception as e:  # noqa: BLE001 - triton's compile and launch errors have no common base
         if variant is not None or name == "base":
             raise  # asked for by name (benchmarks, tests): the failure is the answer
@@ -313,21 +323,21 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
         BROKEN[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         warnings.warn(f"symmetric_triton: variant {name!r} failed ({BROKEN[name]}); running 'base'", stacklevel=2)
         name = "base"
-        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages)
+        _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages, identity)
     if not noting():  # a rehearsal (optimizers/launches.py) counts nothing
         STATS.products += 1
         STATS.variants[name] = STATS.variants.get(name, 0) + 1
     return out
 
 
-def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stages) -> None:
-    fn, grid, args, constexprs = launch_plan(v, input, a, b, out, alpha, beta, tile, tile_k)
+def _launch(v: Variant, input, a, b, out, alpha, beta, tile, tile_k, warps, stages, identity) -> None:
+    fn, grid, args, constexprs = launch_plan(v, input, a, b, out, alpha, beta, tile, tile_k, identity)
     extra = {} if interpreted() else dict(num_warps=warps or v.warps or WARPS,
                                           num_stages=stages or v.stages or STAGES)
     launch(fn, grid, *args, **constexprs, **extra)
 
 
-def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, tile_k=None):
+def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, tile_k=None, identity=0.0):
     """(kernel, grid, positional arguments, constexpr keywords) that run variant `v` on these operands
     (resolved: `v` must suit them). Also what benchmarks/symmetric_kernel.py --compile-only compiles,
     with meta tensors."""
@@ -337,9 +347,10 @@ def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, ti
         c = out if input is None else input
         pairs = _pairs(triton.cdiv(m, tile), a.device)
         args = (a, b, c, out, pairs, m, k, *a.stride(), *b.stride(), *c.stride(), *out.stride(), float(alpha),
-                float(beta))
+                float(beta), float(identity))
         return _upper_tiles, (pairs.shape[0], batch), args, dict(HAS_C=input is not None, TILE_M=tile,
-                                                                   TILE_R=tile_k, EVEN=v.even)
+                                                                   TILE_R=tile_k, EVEN=v.even,
+                                                                   HAS_IDENTITY=identity != 0.0)
     a_t, b_t = _by_columns(a), _by_columns(b)
     desc = _TensorDescriptor
     if a_t:
@@ -355,6 +366,7 @@ def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, ti
     out_desc = desc(out, list(out.shape), list(out.stride()), [1, tile, tile])
     c_desc = out_desc if input is None else desc(input, list(input.shape), list(input.stride()), [1, tile, tile])
     pairs = _pairs(triton.cdiv(m, tile), a.device, v.group)
-    args = (a_desc, b_desc, c_desc, out_desc, out, pairs, k, float(alpha), float(beta))
+    args = (a_desc, b_desc, c_desc, out_desc, out, pairs, k, float(alpha), float(beta), float(identity))
     return _upper_tiles_tma, (pairs.shape[0], batch), args, dict(HAS_C=input is not None, A_T=a_t, B_T=b_t,
-                                                                   TILE_M=tile, TILE_R=tile_k)
+                                                                   TILE_M=tile, TILE_R=tile_k,
+                                                                   HAS_IDENTITY=identity != 0.0)

@@ -89,3 +89,16 @@ def test_a_missing_mirror_is_caught_by_the_iteration_check(monkeypatch):
     monkeypatch.setattr(symmetric, "BLOCK", 8)
     monkeypatch.setattr(symmetric, "_lower_blocks", unmirrored)
     assert (run(torch.float32) - exact).norm() > 2 * (plain - exact).norm()
+
+
+def test_without_the_kernel_a_polynomial_step_is_ax_plus_bx_and_w_is_refused():
+    """Off the Triton kernel (CPU here), (aI + bA + cA²)X is aX + (bA + cA²)X as one baddbmm, the bits of
+    the published form, and asking for W = aI + bA + cA² in one rounding is refused: only the kernel forms it."""
+    x = wide(m=10, n=17, dtype=torch.float32)
+    gram = symmetric.symmetric_bmm(x, x.mT)
+    assert not symmetric.adds_identity(gram)
+    poly = torch.baddbmm(gram, gram, gram, beta=-4.775, alpha=2.0315)
+    assert torch.equal(symmetric.polynomial_product(gram, x, 3.4445, -4.775, 2.0315),
+                       torch.baddbmm(x, poly, x, beta=3.4445))
+    with pytest.raises(ValueError, match="Triton kernel only"):
+        symmetric.polynomial_with_identity(gram, 3.4445, -4.775, 2.0315)

@@ -125,6 +125,28 @@ def test_polynomial_products_with_input(kernel, variant, m):
         assert_one_rounding(got[:, mask], (r.float() @ z.float())[:, mask], dtype)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_identity_is_added_to_the_diagonal_before_the_one_rounding(kernel, variant):
+    """identity = a: aI + bR + cR² with each diagonal entry rounded once from fp32 (within one rounding of
+    the exact sum), every other entry the bits of the product without it; m = 40 cuts the last tiles."""
+    for dtype in dtypes():
+        shape = (2, 40, 64) if kernel.interpreted() else (2, 2040, 4096)
+        x = stack(*shape, seed=5, dtype=dtype)
+        x = x / (x.size(-2) ** 0.5 + x.size(-1) ** 0.5)
+        r = (x.float() @ x.float().mT).to(dtype)
+        r = (r + r.mT) / 2
+        plain = product(kernel, r, r, r, -4.775, 2.0315, **tiles(kernel), variant=variant)
+        got = product(kernel, r, r, r, -4.775, 2.0315, **tiles(kernel), variant=variant, identity=3.4445)
+        eye = torch.eye(r.size(-1), dtype=torch.bool, device=r.device).expand_as(r)
+        assert torch.equal(got[~eye], plain[~eye])
+        exact = 3.4445 + (-4.775 * r.float() + 2.0315 * (r.float() @ r.float())).diagonal(dim1=-2, dim2=-1)
+        diagonal = got.diagonal(dim1=-2, dim2=-1).float()
+        assert ((diagonal - exact).abs() <= torch.finfo(dtype).eps * exact.abs()).all()
+        # negative control: the identity-free product is 3.4 off on the diagonal
+        assert (plain.diagonal(dim1=-2, dim2=-1).float() - exact).abs().min() > 3.0
+        assert_exact_mirror(got, kernel, variant)
+
+
 def test_a_nonsymmetric_product_is_detected(kernel):
     """Negative control: the mirror assumes symmetry, so an asymmetric product comes out wrong."""
     a, b = stack(1, 40, 24, seed=2), stack(1, 24, 40, seed=3)
@@ -166,9 +188,46 @@ def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
     exact, plain = run(torch.float64), run(torch.float16)
     before = kernel.STATS.products
     monkeypatch.setattr(symmetric, "TRITON", True)
+    assert symmetric.adds_identity(x[:, :, : x.size(1)].half().to(device()))  # W = aI + Z, Q W, (R W) W
     fast = run(torch.float16)
     assert kernel.STATS.products > before
     assert (fast - exact).norm() <= 1.5 * (plain - exact).norm(), ((fast - exact).norm(), (plain - exact).norm())
+
+
+def test_the_standard_iteration_takes_w_from_the_kernel(kernel, monkeypatch):
+    """With symmetric.TRITON, a square stack's Newton-Schulz steps form W = aI + bA + cA² on the kernel and
+    X' = W X by a plain product, within the plain products' error of the fp64 result; negative control: a
+    kernel that drops the identity is caught by the same comparison."""
+    from optimizers import optional, symmetric
+    from optimizers.coefficients import normaliser_scale, schedule
+    from optimizers.gram_newton_schulz import gram_newton_schulz
+
+    monkeypatch.setitem(optional.LOADED, "symmetric_triton", kernel)
+    if kernel.interpreted():
+        monkeypatch.setattr(symmetric, "BLOCK", 16)
+        monkeypatch.setattr(symmetric, "TRITON_ROWS", 32)
+        monkeypatch.setattr(kernel, "TILE", 16)
+        monkeypatch.setattr(kernel, "TILE_K", 16)
+        x = stack(2, 32, 32, seed=6).double()
+    else:
+        x = stack(2, 2048, 2048, seed=6).double()
+    coefficients = schedule("polar_express", 5)
+
+    def run(compute):
+        return gram_newton_schulz(x, coefficients, normaliser_scale("polar_express"), 1e-7, compute).double()
+
+    exact, plain = run(torch.float64), run(torch.float16)
+    identities = []
+    real = kernel.symmetric_baddbmm
+    monkeypatch.setattr(kernel, "symmetric_baddbmm",
+                        lambda *a, identity=0.0, **k: identities.append(identity) or real(*a, identity=identity, **k))
+    monkeypatch.setattr(symmetric, "TRITON", True)
+    fast = run(torch.float16)
+    assert [i for i in identities if i] == [a for a, _, _ in coefficients]  # one W per step, with its a
+    assert (fast - exact).norm() <= 1.5 * (plain - exact).norm(), ((fast - exact).norm(), (plain - exact).norm())
+    monkeypatch.setattr(kernel, "symmetric_baddbmm", lambda *a, identity=0.0, **k: real(*a, **k))
+    lost = run(torch.float16)
+    assert not (lost - exact).norm() <= 10 * (plain - exact).norm()  # far off, or not finite
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (a 4 GiB stack)")
