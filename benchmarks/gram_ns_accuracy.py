@@ -12,7 +12,13 @@ rows show that; the rows "bf16 iterated in bf16" show the iteration as it was be
 emptied), with its standard column in bf16 too. The low-rank finding behind HALF_ITERATES shows on
 small matrices: `--sizes 4x5,8x12,12x20`.
 
-    python benchmarks/gram_ns_accuracy.py [--sizes 64x64,64x128,32x512,16x256] [--seed 0]
+`--device cuda --triton` runs both iterations with optimizers.symmetric.TRITON: from TRITON_ROWS rows
+(e.g. `--sizes 2048x4096,2048x2048`) and in bf16/fp16 their symmetric products run on the Triton kernel, which
+forms each step's polynomial aI + bA + cA² in one rounding (optimizers/symmetric.py `polynomial_product`);
+without `--triton` the same rows run the published form. The closing line counts the kernel's products.
+
+    python benchmarks/gram_ns_accuracy.py [--sizes 64x64,64x128,32x512,16x256] [--seed 0] [--device cpu]
+                                          [--triton] [--dtypes fp16,bf16] [--schedules polar_express]
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import numpy as np
 import torch
 
 from optimizers.coefficients import normaliser_scale, schedule
-from optimizers import gram_newton_schulz as gram
+from optimizers import gram_newton_schulz as gram, symmetric
 from optimizers.gram_newton_schulz import RESTARTS, GramStats, gram_newton_schulz, normalised, standard_steps
 from oracles import Orthogonalizer, spectral_map
 
@@ -57,7 +63,7 @@ def matrix(rng: np.random.Generator, m: int, n: int, spectrum) -> np.ndarray:
 
 
 def rel(x: torch.Tensor, ref: np.ndarray) -> float:
-    out = x.double().numpy()
+    out = x.double().cpu().numpy()
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(out)) else float("inf")
 
 
@@ -65,31 +71,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="64x64,64x128,32x512,16x256")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--triton", action="store_true", help="symmetric products on the Triton kernel (CUDA)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {list(DTYPES)}")
+    parser.add_argument("--schedules", default="polar_express,newton_schulz")
     args = parser.parse_args()
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    device = torch.device(args.device)
+    dtypes = {name: DTYPES[name] for name in args.dtypes.split(",")}  # a KeyError names an unknown dtype
+    kernel = symmetric.triton_kernel() if args.triton else None
+    if args.triton and (device.type != "cuda" or kernel is None):
+        parser.error("--triton needs --device cuda and triton installed")
+    symmetric.TRITON = args.triton
     torch.set_num_threads(1)
     start = time.perf_counter()
-    print(f"torch {torch.__version__}; sizes {args.sizes}; worst relative error over sizes (fallbacks / matrices)")
+    print(f"torch {torch.__version__}; sizes {args.sizes}; device {device}; symmetric.TRITON {args.triton}; "
+          "worst relative error over sizes (fallbacks / matrices)")
     print("| schedule | dtype | spectrum | standard | " + " | ".join(f"gram restarts {list(r)}" for r in
                                                               RESTART_SCHEDULES) + " | verdict |")
     print("|---" * (5 + len(RESTART_SCHEDULES)) + "|")
-    for name in ("polar_express", "newton_schulz"):
+    for name in args.schedules.split(","):
         coefficients, scale = schedule(name, 5), normaliser_scale(name)
         normaliser = Orthogonalizer.named(name).normaliser
-        for dtype_name, dtype in DTYPES.items():
+        for dtype_name, dtype in dtypes.items():
             for spectrum_name, spectrum in SPECTRA.items():
                 rng = np.random.default_rng(args.seed)
                 mats = [matrix(rng, m, n, spectrum) for m, n in sizes]
                 refs = [spectral_map(g, coefficients, normaliser) for g in mats]
-                std = max(rel(_standard(g, coefficients, scale, dtype), ref) for g, ref in zip(mats, refs))
+                std = max(rel(_standard(g, coefficients, scale, dtype, device), ref) for g, ref in zip(mats, refs))
                 cells, worst = [], {}
                 for restarts in RESTART_SCHEDULES:
                     stats = GramStats()
                     as_before = mock.patch.dict(gram.HALF_ITERATES, clear=True) if dtype_name.endswith(
                         "iterated in bf16") else contextlib.nullcontext()
                     with as_before:
-                        err = max(rel(gram_newton_schulz(torch.from_numpy(g)[None], coefficients, scale, 1e-7, dtype,
-                                                         restarts, stats)[0], ref) for g, ref in zip(mats, refs))
+                        err = max(rel(gram_newton_schulz(torch.from_numpy(g)[None].to(device), coefficients, scale,
+                                                         1e-7, dtype, restarts, stats)[0], ref)
+                                  for g, ref in zip(mats, refs))
                     worst[restarts] = err
                     cells.append(f"{err:.1e} ({stats.fallbacks}/{stats.gram})")
                 verdict = ""
@@ -98,11 +116,12 @@ def main() -> None:
                 elif worst[()] > LOSS * std:
                     verdict = "restart matters"
                 print(f"| {name} | {dtype_name} | {spectrum_name} | {std:.1e} | " + " | ".join(cells) + f" | {verdict} |")
-    print(f"\n{time.perf_counter() - start:.1f} s")
+    products = f"; {kernel.STATS.products} products on the Triton kernel" if kernel is not None else ""
+    print(f"\n{time.perf_counter() - start:.1f} s{products}")
 
 
-def _standard(g: np.ndarray, coefficients, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    x = torch.from_numpy(g)[None]
+def _standard(g: np.ndarray, coefficients, scale: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    x = torch.from_numpy(g)[None].to(device)
     tall = x.size(-2) > x.size(-1)
     wide = normalised(x.mT if tall else x, scale, 1e-7, dtype)
     out = standard_steps(wide, coefficients)
