@@ -67,7 +67,7 @@ def rel(x: torch.Tensor, ref: np.ndarray) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(out)) else float("inf")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="64x64,64x128,32x512,16x256")
     parser.add_argument("--seed", type=int, default=0)
@@ -75,10 +75,13 @@ def main() -> None:
     parser.add_argument("--triton", action="store_true", help="symmetric products on the Triton kernel (CUDA)")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {list(DTYPES)}")
     parser.add_argument("--schedules", default="polar_express,newton_schulz")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     device = torch.device(args.device)
-    dtypes = {name: DTYPES[name] for name in args.dtypes.split(",")}  # a KeyError names an unknown dtype
+    unknown = [name for name in args.dtypes.split(",") if name not in DTYPES]
+    if unknown:
+        parser.error(f"unknown --dtypes {unknown}: of {list(DTYPES)}")
+    dtypes = {name: DTYPES[name] for name in args.dtypes.split(",")}
     kernel = symmetric.triton_kernel() if args.triton else None
     if args.triton and (device.type != "cuda" or kernel is None):
         parser.error("--triton needs --device cuda and triton installed")
