@@ -164,9 +164,10 @@ def test_bad_operands_are_refused_before_any_launch(kernel):
         kernel.symmetric_baddbmm(None, x, x)
 
 
-def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
-    """symmetric.TRITON routes a product that would be split into blocks to the kernel (counted), and
-    the Gram Newton-Schulz iteration through it stays within the plain products' error."""
+def polar_express_on_kernel(kernel, monkeypatch, small, large, seed):
+    """A run(compute_dtype) of Polar Express by gram_newton_schulz on a stack of shape `small` under the
+    interpreter (tiles and TRITON_ROWS shrunk to match) or `large` on CUDA, with the kernel loaded as
+    optimizers.symmetric's; returns (run, the stack)."""
     from optimizers import optional, symmetric
     from optimizers.coefficients import normaliser_scale, schedule
     from optimizers.gram_newton_schulz import gram_newton_schulz
@@ -177,14 +178,21 @@ def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
         monkeypatch.setattr(symmetric, "TRITON_ROWS", 32)
         monkeypatch.setattr(kernel, "TILE", 16)
         monkeypatch.setattr(kernel, "TILE_K", 16)
-        x = stack(1, 32, 96, seed=4).double()
-    else:
-        x = stack(1, 2048, 6144, seed=4).double()
+    x = stack(*(small if kernel.interpreted() else large), seed=seed).double()
     coefficients = schedule("polar_express", 5)
 
     def run(compute):
         return gram_newton_schulz(x, coefficients, normaliser_scale("polar_express"), 1e-7, compute).double()
 
+    return run, x
+
+
+def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
+    """symmetric.TRITON routes a product that would be split into blocks to the kernel (counted), and
+    the Gram Newton-Schulz iteration through it stays within the plain products' error."""
+    from optimizers import symmetric
+
+    run, x = polar_express_on_kernel(kernel, monkeypatch, (1, 32, 96), (1, 2048, 6144), seed=4)
     exact, plain = run(torch.float64), run(torch.float16)
     before = kernel.STATS.products
     monkeypatch.setattr(symmetric, "TRITON", True)
@@ -198,24 +206,11 @@ def test_the_standard_iteration_takes_w_from_the_kernel(kernel, monkeypatch):
     """With symmetric.TRITON, a square stack's Newton-Schulz steps form W = aI + bA + cA² on the kernel and
     X' = W X by a plain product, within the plain products' error of the fp64 result; negative control: a
     kernel that drops the identity is caught by the same comparison."""
-    from optimizers import optional, symmetric
-    from optimizers.coefficients import normaliser_scale, schedule
-    from optimizers.gram_newton_schulz import gram_newton_schulz
+    from optimizers import symmetric
+    from optimizers.coefficients import schedule
 
-    monkeypatch.setitem(optional.LOADED, "symmetric_triton", kernel)
-    if kernel.interpreted():
-        monkeypatch.setattr(symmetric, "BLOCK", 16)
-        monkeypatch.setattr(symmetric, "TRITON_ROWS", 32)
-        monkeypatch.setattr(kernel, "TILE", 16)
-        monkeypatch.setattr(kernel, "TILE_K", 16)
-        x = stack(2, 32, 32, seed=6).double()
-    else:
-        x = stack(2, 2048, 2048, seed=6).double()
+    run, _ = polar_express_on_kernel(kernel, monkeypatch, (2, 32, 32), (2, 2048, 2048), seed=6)
     coefficients = schedule("polar_express", 5)
-
-    def run(compute):
-        return gram_newton_schulz(x, coefficients, normaliser_scale("polar_express"), 1e-7, compute).double()
-
     exact, plain = run(torch.float64), run(torch.float16)
     identities = []
     real = kernel.symmetric_baddbmm
