@@ -2,7 +2,8 @@
 or megabatch (a table of the tensors' addresses, as torch._foreach_* does) and one read and write of each
 tensor:
 
-  momentum   M <- mu M + G                      (M, G fp32)
+  momentum   M <- mu M + G                      (M, G fp32; and each new M's sum of squares, in fp64 parts:
+                                                 the normaliser's norm without a pass of its own)
   divide     X / d, rounded to bf16/fp16        (X fp32, one d per matrix: Gram Newton-Schulz's normaliser)
   apply      X <- X (1 - lr wd) + alpha O       (X fp32; O the orthogonalized matrices, bf16/fp16/fp32,
                                                  row-major or a transposed view: widened in registers)
@@ -41,17 +42,24 @@ TILE_R, TILE_C = 64, 64
 
 
 @triton.jit
-def _momentum(buf_table, grad_table, numel_table, mu, BLOCK: tl.constexpr):
+def _momentum(buf_table, grad_table, numel_table, parts_ptr, mu, BLOCK: tl.constexpr):
+    # program (p, t): its share of tensor t, and that share's sum of squares of the new M (fp64 lanes) at
+    # parts[t, p]
     t = tl.program_id(1)
     buf = tl.load(buf_table + t).to(tl.pointer_type(tl.float32))
     grad = tl.load(grad_table + t).to(tl.pointer_type(tl.float32))
     n = tl.load(numel_table + t)
+    squares = tl.zeros([BLOCK], dtype=tl.float64)
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         inside = offs < n
-        m = tl.load(buf + offs, mask=inside)
-        g = tl.load(grad + offs, mask=inside)
-        tl.store(buf + offs, m * mu + g, mask=inside)
+        m = tl.load(buf + offs, mask=inside, other=0.0)
+        g = tl.load(grad + offs, mask=inside, other=0.0)
+        new = m * mu + g
+        tl.store(buf + offs, new, mask=inside)
+        wide = new.to(tl.float64)
+        squares += wide * wide  # exact: an fp32 square has at most 48 significant bits
+    tl.store(parts_ptr + t * tl.num_programs(0) + tl.program_id(0), tl.sum(squares))
 
 
 @triton.jit
@@ -118,13 +126,17 @@ def _addresses(tensors: list[torch.Tensor], device: torch.device) -> torch.Tenso
     return _table([t.data_ptr() for t in tensors], device)
 
 
-def momentum_(bufs: list[torch.Tensor], grads: list[torch.Tensor], mu: float) -> None:
-    """M <- mu M + G for every pair, in place (fp32, contiguous, same numel pairwise): one launch."""
+def momentum_(bufs: list[torch.Tensor], grads: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """M <- mu M + G for every pair, in place (fp32, contiguous, same numel pairwise): one launch. Returns
+    the new M's sums of squares in parts, [len(bufs), P] fp64: summed over dim 1, each M's squared
+    Frobenius norm (each square exact, the sums rounded in fp64)."""
     device = bufs[0].device
     numels = _table([b.numel() for b in bufs], device)
     programs = min(PROGRAMS, triton.cdiv(max(b.numel() for b in bufs), BLOCK))
-    launch(_momentum, (programs, len(bufs)), _addresses(bufs, device), _addresses(grads, device), numels, float(mu),
-           BLOCK=BLOCK, **_EXACT)
+    parts = torch.empty(len(bufs), programs, dtype=torch.float64, device=device)
+    launch(_momentum, (programs, len(bufs)), _addresses(bufs, device), _addresses(grads, device), numels, parts,
+           float(mu), BLOCK=BLOCK, **_EXACT)
+    return parts
 
 
 def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | None, alpha: float) -> None:

@@ -107,12 +107,53 @@ def deferred_checks() -> Iterator[DeferredChecks]:
         _DEFERRED.pop()
 
 
-def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.dtype) -> torch.Tensor:
+def read_flags(checks: Sequence[DeferredChecks]) -> list[bool]:
+    """For each of `checks`: whether any of its results diverged (False where it recorded no flag), read
+    in one host synchronisation."""
+    flagged = [i for i, c in enumerate(checks) if c.flags]
+    out = [False] * len(checks)
+    if flagged:
+        read = torch.stack([torch.stack(checks[i].flags).any() for i in flagged]).tolist()
+        for i, diverged in zip(flagged, read):
+            out[i] = diverged
+    return out
+
+
+class FlagCopy:
+    """Whether any result of `checks` diverged: reduced on the device and copied to pinned host memory as
+    soon as it is made, so that `diverged()` waits for the kernels queued before it and for nothing queued
+    after (a flag read with `bool` or `tolist` later would wait for all of them)."""
+
+    def __init__(self, checks: DeferredChecks) -> None:
+        flag = torch.stack(checks.flags).any()
+        self._event: torch.cuda.Event | None = None
+        self._host = flag
+        if flag.is_cuda:
+            self._host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self._host.copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def diverged(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+        return bool(self._host)
+
+
+def takes_gram_iteration(rows: int, cols: int) -> bool:
+    """True when a matrix of this shape takes the Gram iteration, whose result is checked for divergence
+    on the host: a wide or tall one (square matrices take the standard iteration, as published)."""
+    return rows != cols
+
+
+def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.dtype,
+               norms: torch.Tensor | None = None) -> torch.Tensor:
     """X / (scale ||X||_F + eps) per matrix, formed in at least fp32 and then rounded to
-    `compute_dtype`: an fp16 cast before normalising would overflow gradients above 65504."""
+    `compute_dtype`: an fp16 cast before normalising would overflow gradients above 65504. `norms`: the
+    norms [B], already known (else formed here)."""
     wide = torch.promote_types(x.dtype, torch.float32)
     x = x.to(wide)
-    norm = frobenius(x, (-2, -1), keepdim=True)
+    norm = frobenius(x, (-2, -1), keepdim=True) if norms is None else norms.view(-1, 1, 1)
     denominator = norm * scale + eps
     if compute_dtype == wide:
         return x / denominator
@@ -179,12 +220,14 @@ def _rounded(a: float, dtype: torch.dtype) -> float:
 
 def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], scale: float, eps: float,
                        compute_dtype: torch.dtype, restarts: Sequence[int] = RESTARTS,
-                       stats: GramStats | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                       stats: GramStats | None = None, out_dtype: torch.dtype | None = None,
+                       norms: torch.Tensor | None = None) -> torch.Tensor:
     """orth(x) for a stack x [B, m, n] by Gram Newton–Schulz in `compute_dtype` (the iteration itself in
     `iteration_dtype(compute_dtype)`), returned in `out_dtype` (default x's dtype).
 
     `coefficients`: one (a, b, c) per step; `scale`, `eps`: the normaliser scale ||X||_F + eps;
-    `restarts`: steps before which X and R are re-formed (0 and indices past the schedule do nothing).
+    `restarts`: steps before which X and R are re-formed (0 and indices past the schedule do nothing);
+    `norms`: the Frobenius norms [B] of x's matrices, already known (`normalised`).
     """
     if x.ndim != 3:
         raise ValueError(f"expected a stack of matrices [B, m, n], got shape {tuple(x.shape)}")
@@ -193,13 +236,14 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
     tall = x.size(-2) > x.size(-1)
     oriented = x.mT if tall else x
     m, n = oriented.shape[-2:]
-    if m == n or oriented.numel() == 0:
-        out = standard_steps(normalised(oriented, scale, eps, compute_dtype), coefficients)
+    if not takes_gram_iteration(m, n) or oriented.numel() == 0:
+        out = standard_steps(normalised(oriented, scale, eps, compute_dtype, norms), coefficients)
     else:
-        out = gram_steps(normalised(oriented, scale, eps, iteration_dtype(compute_dtype)), coefficients, restarts)
-        norms = torch.linalg.vector_norm(out, dim=(-2, -1), dtype=torch.promote_types(out.dtype, torch.float32))
+        out = gram_steps(normalised(oriented, scale, eps, iteration_dtype(compute_dtype), norms), coefficients,
+                         restarts)
+        sizes = torch.linalg.vector_norm(out, dim=(-2, -1), dtype=torch.promote_types(out.dtype, torch.float32))
         # not (finite and <= the bound), in one comparison: NaN compares false, +inf exceeds the bound
-        bad = norms.le(DIVERGED * m**0.5).logical_not_()
+        bad = sizes.le(DIVERGED * m**0.5).logical_not_()
         if _DEFERRED:
             _DEFERRED[-1].flags.append(bad.any())
             _DEFERRED[-1].matrices += out.size(0)
@@ -208,7 +252,8 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
             stats.gram += out.size(0)
         if bool(bad.any()):
             out = out.to(torch.promote_types(out.dtype, compute_dtype), copy=True)  # fp16 and bf16: fp32
-            out[bad] = standard_steps(normalised(oriented[bad], scale, eps, compute_dtype), coefficients).to(out.dtype)
+            again = normalised(oriented[bad], scale, eps, compute_dtype, None if norms is None else norms[bad])
+            out[bad] = standard_steps(again, coefficients).to(out.dtype)
             if stats is not None:
                 stats.fallbacks += int(bad.sum())
     return as_dtype(out.mT if tall else out, out_dtype or x.dtype)

@@ -172,14 +172,11 @@ class PlanGraphs:
         """The members' outputs, but for those whose Gram flags say a matrix diverged: recomputed eagerly
         (one synchronisation for all flags); the others' Gram matrices are counted in gram.STATS."""
         out = {key: m.output for key, m in waiting.items()}
-        checked = [(key, m) for key, m in waiting.items() if m.checks.flags]
-        if checked:
-            flags = torch.stack([torch.stack(m.checks.flags).any() for _, m in checked]).tolist()
-            for (key, m), diverged in zip(checked, flags):
-                if diverged:
-                    out[key] = m.update(m.input)
-                else:
-                    gram.STATS.gram += m.checks.matrices
+        for (key, m), diverged in zip(waiting.items(), gram.read_flags([m.checks for m in waiting.values()])):
+            if diverged:
+                out[key] = m.update(m.input)
+            else:
+                gram.STATS.gram += m.checks.matrices
         return out
 
     def _capture(self, members: list[Member]) -> None:

@@ -44,20 +44,28 @@ def polar_via_svd(x: torch.Tensor) -> torch.Tensor:
 
 def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype: torch.dtype,
                   coefficients: str | None = None, restarts: Sequence[int] = gram.RESTARTS,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                  out_dtype: torch.dtype | None = None, norms: torch.Tensor | None = None) -> torch.Tensor:
     """orth(x) for a stack x [B, m, n], computed in `compute_dtype`, returned in `out_dtype` (default x's).
 
     `coefficients` and `restarts` apply to "gram_newton_schulz" only: its schedule (SCHEDULES) and the
-    steps before which it re-forms X and R; divergences it recomputes are counted in gram.STATS."""
+    steps before which it re-forms X and R; divergences it recomputes are counted in gram.STATS. So does
+    `norms`: the Frobenius norms [B] of x's matrices, already known, in x's precision (at least fp32), which
+    it divides by instead of forming its own (the other orthogonalizers form theirs in the compute dtype:
+    ValueError)."""
     out_dtype = out_dtype or x.dtype
     if name not in ORTHOGONALIZERS:
         raise ValueError(f"unknown orthogonalizer {name!r}; expected one of {ORTHOGONALIZERS}")
     if x.ndim != 3:
         raise ValueError(f"expected a stack of matrices [B, m, n], got shape {tuple(x.shape)}")
+    if norms is not None:
+        wide = torch.promote_types(x.dtype, torch.float32)
+        if name != "gram_newton_schulz" or norms.shape != x.shape[:1] or norms.dtype != wide:
+            raise ValueError(f"norms ({tuple(norms.shape)}, {norms.dtype}) are taken by gram_newton_schulz only, "
+                             f"one per matrix in {wide}; got them for {name!r} on a stack {tuple(x.shape)}")
     if name == "gram_newton_schulz":
         coefficients = coefficients or SCHEDULES[0]
         return gram.gram_newton_schulz(x, schedule(coefficients, steps), normaliser_scale(coefficients), eps,
-                                       compute_dtype, restarts, gram.STATS, out_dtype)
+                                       compute_dtype, restarts, gram.STATS, out_dtype, norms)
     if name == "svd":
         svd_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
         return gram.as_dtype(polar_via_svd(x.to(svd_dtype)), out_dtype)

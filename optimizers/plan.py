@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -35,7 +36,9 @@ from optimizers.algorithms.muon import (MOMENTUM, default_compute_dtype, momentu
                                         orthogonalize_group)
 from optimizers.matrix_view import as_matrices
 from optimizers.graphs import PlanGraphs, capturable as graph_eligible, stacked_block
-from optimizers.gram_newton_schulz import deferred_checks, iteration_dtype
+from optimizers import gram_newton_schulz as gram
+from optimizers.gram_newton_schulz import (DeferredChecks, FlagCopy, deferred_checks, iteration_dtype,
+                                           takes_gram_iteration)
 from optimizers.groups import SCALARS, check_group
 from optimizers.validation import check_grad, check_layouts
 
@@ -116,8 +119,14 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
     megabatch updates it may capture come from the plan's CUDA graph (optimizers/graphs.py), replayed once
     after every megabatch is submitted, and are applied after it. The stock
     `momentum_direction` and `decoupled_apply` stages run batched (`momentum_directions`,
-    `decoupled_apply_all`: torch._foreach_* passes, the per-parameter bits); replaced stages run as given."""
+    `decoupled_apply_all`: torch._foreach_* passes, the per-parameter bits); replaced stages run as given.
+
+    An eager single-process megabatch whose result is checked on the host (Gram Newton–Schulz's divergence
+    flags) is applied only after the next megabatch's kernels are queued (`Pending`): the GPU runs those
+    while the host waits for the flags. Such megabatches run first (`run_order`), so each one's check is
+    read behind another's work."""
     waiting: list[tuple[tuple[int, int], Callable[[torch.Tensor], None]]] = []
+    pending: Pending | None = None
     for index, plan in enumerate(plans):
         algorithm, group = plan.algorithm, plan.group
         if algorithm.elementwise:
@@ -128,20 +137,27 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             continue
         for batch in plan.megabatches:
             momentum_block(algorithm, batch, state)
-        entries = [param_state.create(p, state[p], algorithm, group) for p in plan.params]
+        entries = {p: param_state.create(p, state[p], algorithm, group) for p in plan.params}
+        # megabatch by megabatch: each one's sums of squares from the fused momentum launch are consecutive rows
+        ordered = [p for batch in plan.megabatches for p in batch.params]
+        parts, first = None, dict(zip(plan.megabatches, itertools.accumulate(
+            (len(b.params) for b in plan.megabatches), initial=0)))
         if algorithm.direction is momentum_direction:  # the same bits, in a few foreach passes
-            directions = dict(zip(plan.params, momentum_directions([p.grad for p in plan.params], entries, group)))
+            found, parts = momentum_directions([p.grad for p in ordered], [entries[p] for p in ordered], group)
+            directions = dict(zip(ordered, found))
         else:
-            directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in zip(plan.params, entries)}
-        for number, batch in enumerate(plan.megabatches):
+            directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in entries.items()}
+        for number in run_order(plan):
+            batch = plan.megabatches[number]
             key, members = (index, number), [directions[p] for p in batch.params]
             direct = None
             if batch.layout is None:
                 fused = elementwise.applies([distributed.local(p) for p in batch.params])
                 direct = direct_dtype(algorithm, group, members[0], fused)
             if direct is not None:  # the compute-dtype result, applied as it is (direct_dtype)
-                def update(stack: torch.Tensor, dtype: torch.dtype = direct) -> torch.Tensor:
-                    return orthogonalize_group(as_matrices(stack, group["flatten"]), group, dtype)
+                def update(stack: torch.Tensor, dtype: torch.dtype = direct,
+                           norms: torch.Tensor | None = None) -> torch.Tensor:
+                    return orthogonalize_group(as_matrices(stack, group["flatten"]), group, dtype, norms)
                 finish = functools.partial(_apply_direct, algorithm, group, batch)
             else:
                 update = algorithm.matrix_update(group, batch.shape)
@@ -149,15 +165,85 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             if batch.layout is not None:
                 finish(algorithm.exchange(torch.stack(members), batch.layout, update))
                 continue
-            result = _single_process(update, members, key, algorithm, group, graphs)
-            if result is None:  # from the graph's replay
-                waiting.append((key, finish))
-            else:
+            if graphs is not None:
+                result = graphs.submit(key, update, members, lambda stack: graph_eligible(algorithm, group, stack))
+                if result is None:  # from the graph's replay
+                    waiting.append((key, finish))
+                else:
+                    finish(result)
+                continue
+            block = stacked_block(members) if reads_only(algorithm) else None
+            stack = torch.stack(members) if block is None else block
+            if direct is not None and block is not None and takes_norms(group, members[0]) and parts is not None:
+                start = first[batch]
+                update = functools.partial(update, norms=elementwise.norms(parts[start:start + len(members)]))
+            with deferred_checks() as checks:
+                result = update(stack)
+            previous = pending
+            pending = Pending(result, checks, functools.partial(update, stack), finish) if checks.flags else None
+            if previous is not None:  # its flag is read while the GPU runs this megabatch
+                previous.settle()
+            if pending is None:
                 finish(result)
+    if pending is not None:
+        pending.settle()
     if waiting:
         results = graphs.flush()
         for key, finish in waiting:
             finish(results[key])
+
+
+@dataclass
+class Pending:
+    """An eager megabatch's `result`, computed with its Gram divergence checks deferred (`checks`), not yet
+    applied. Made right after the megabatch's kernels are queued, it starts copying their flag to the host
+    (gram_newton_schulz.FlagCopy); `settle` reads it: where none diverged, the result is applied (and its
+    Gram matrices counted in gram_newton_schulz.STATS); else the update is run again eagerly (`redo`),
+    where the standard-iteration fallback runs and counts, and that is applied. In a rehearsal
+    (optimizers/launches.py, meta tensors) nothing is read or counted: the result is applied as it is."""
+
+    result: torch.Tensor
+    checks: DeferredChecks
+    redo: Callable[[], torch.Tensor]
+    finish: Callable[[torch.Tensor], None]
+    flag: FlagCopy | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not launches.noting():
+            self.flag = FlagCopy(self.checks)
+
+    def settle(self) -> None:
+        result = self.result
+        if self.flag is not None:
+            if self.flag.diverged():
+                result = self.redo()
+            else:
+                gram.STATS.gram += self.checks.matrices
+        self.finish(result)
+
+
+def takes_norms(group: dict[str, Any], member: torch.Tensor) -> bool:
+    """A megabatch of Muon's direct path (`direct_dtype`) whose directions are the live momentum block may
+    divide by the norms the fused momentum launch formed (optimizers/elementwise.py `norms`, in place of a
+    pass of their own): under Gram Newton–Schulz (whose normaliser is formed in fp32), each parameter one
+    matrix of its matrix view."""
+    return (group["orthogonalizer"] == "gram_newton_schulz"
+            and as_matrices(member.unsqueeze(0), group["flatten"]).size(0) == 1)
+
+
+def run_order(plan: GroupPlan) -> list[int]:
+    """The indices of `plan.megabatches` in the order `execute` runs them: first the single-process ones
+    whose result is checked on the host (Gram Newton–Schulz on wide or tall matrices), then the rest, each
+    part in plan order."""
+    group = plan.group
+
+    def checked(batch: Megabatch) -> bool:
+        if batch.layout is not None or group.get("orthogonalizer") != "gram_newton_schulz":
+            return False
+        rows, cols = as_matrices(batch.params[0].unsqueeze(0), group["flatten"]).shape[-2:]
+        return takes_gram_iteration(rows, cols)
+
+    return sorted(range(len(plan.megabatches)), key=lambda n: not checked(plan.megabatches[n]))
 
 
 def compile_ahead(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> int:
@@ -197,7 +283,7 @@ def rehearse(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> list[lau
         shadows.append(GroupPlan(group, p.algorithm, params, megabatches))
     shadow_state = {stand_in[q]: {k: _meta(v) if isinstance(v, torch.Tensor) else v for k, v in state[q].items()}
                     for q in stand_in}
-    with launches.recording() as noted, deferred_checks():
+    with launches.recording() as noted:
         execute(shadows, shadow_state)
     return noted
 
@@ -230,17 +316,6 @@ def _apply(algorithm: Algorithm, group: dict[str, Any], batch: Megabatch, state:
         return
     for p, entry, update in zip(batch.params, entries, updates.unbind(0)):
         algorithm.apply(distributed.local(p), update, entry, group, scale)
-
-
-def _single_process(update: Any, members: list[torch.Tensor], key: tuple[int, int], algorithm: Algorithm,
-                    group: dict[str, Any], graphs: PlanGraphs | None) -> torch.Tensor | None:
-    """`update` of one process's megabatch `members`: submitted to the plan's graph (`graphs`; None: the
-    result comes from its `flush`), or run on their momentum block where it may read it in place
-    (`stacked_block`), else on their stack."""
-    if graphs is not None:
-        return graphs.submit(key, update, members, lambda stack: graph_eligible(algorithm, group, stack))
-    block = stacked_block(members) if reads_only(algorithm) else None
-    return update(torch.stack(members) if block is None else block)
 
 
 def fused_apply(params: tuple[torch.Tensor, ...], matrices: torch.Tensor, group: dict[str, Any], scale: float) -> bool:
@@ -295,7 +370,8 @@ def direct_dtype(algorithm: Algorithm, group: dict[str, Any], member: torch.Tens
     if compute not in (torch.bfloat16, torch.float16):
         return None
     rows, cols = as_matrices(member.unsqueeze(0), group["flatten"]).shape[-2:]
-    if group["orthogonalizer"] == "gram_newton_schulz" and iteration_dtype(compute) != compute and rows != cols:
+    if (group["orthogonalizer"] == "gram_newton_schulz" and iteration_dtype(compute) != compute
+            and takes_gram_iteration(rows, cols)):
         return iteration_dtype(compute) if fused else None  # (square matrices take the standard iteration)
     return compute if fused or rows <= cols else None
 

@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 
 import optimizers  # noqa: E402
 from optimizers import elementwise, launches  # noqa: E402
+from optimizers import gram_newton_schulz as gram  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(12, 20), (12, 20), (30, 8), (30, 8), (6, 4, 3, 3), (6, 4, 3, 3), (16, 16)]
@@ -66,13 +67,65 @@ CONFIGS = [
 ]
 
 
+def exact_frobenius(x: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
+    """The norm the fused momentum launch forms: each square exact in fp64, summed in fp64, the root
+    rounded once to x's dtype."""
+    return x.double().square().sum(dim=dim, keepdim=keepdim).sqrt().to(x.dtype)
+
+
+@pytest.fixture
+def gram_norms(monkeypatch):
+    """Gram Newton-Schulz's normaliser forms `exact_frobenius` (torch's fp32 reduction rounds its sum
+    differently, ~1e-7 relative at real sizes): a run with the kernels, which take the momentum launch's
+    norms where they can, then has the torch passes' bits. Counts the norms Gram formed itself (matrices; not
+    in a step's rehearsal on meta tensors, optimizers/launches.py)."""
+    formed = []
+
+    def counted(x, dim, keepdim=False):
+        if not x.is_meta:
+            formed.append(x.size(0))
+        return exact_frobenius(x, dim, keepdim)
+    monkeypatch.setattr(gram, "frobenius", counted)
+    return formed
+
+
 @pytest.mark.parametrize("options", CONFIGS, ids=lambda o: f"{o['orthogonalizer']}-{o['compute_dtype']}-wd{o['weight_decay']}")
-def test_muon_with_the_kernels_steps_to_the_torch_passes_bits(options, fused):
+def test_muon_with_the_kernels_steps_to_the_torch_passes_bits(options, fused, gram_norms):
     torch_passes = trajectory(False, SHAPES, **options)
+    formed_by_torch_passes = sum(gram_norms)
+    gram_norms.clear()
     kernels = trajectory(True, SHAPES, **options)
     assert fused["momentum"] == 3 and fused["apply"] == 3 * 4, fused  # one momentum launch, one per megabatch
+    if options["orthogonalizer"] == "gram_newton_schulz":  # the megabatches of two divide by the launch's norms
+        assert formed_by_torch_passes == 3 * len(SHAPES) and sum(gram_norms) == 3 * 1, gram_norms
     for i, (a, b) in enumerate(zip(torch_passes, kernels)):
         assert torch.equal(a, b), f"parameter {i} {tuple(a.shape)}: max |diff| {(a - b).abs().max().item():.3g}"
+
+
+def test_the_momentum_launch_forms_each_new_buffers_norm(fused, monkeypatch):
+    """`momentum_`'s sums of squares in parts, many programs per tensor and several loop turns each (small
+    blocks), masked tails: `norms` gives each new M's `exact_frobenius` (to an ulp: the fp64 sums are rounded
+    in another order), within 2 ulp of torch's fp32 norm; not the old M's."""
+    from optimizers import elementwise_triton as kernels
+    monkeypatch.setattr(kernels, "BLOCK", 16)
+    monkeypatch.setattr(kernels, "PROGRAMS", 3)
+    g = torch.Generator().manual_seed(5)
+    shapes = [(7, 13), (200,), (3, 5, 4), (1,)]
+    bufs = [torch.randn(s, generator=g).to(DEVICE) for s in shapes]
+    grads = [torch.randn(s, generator=g).to(DEVICE) for s in shapes]
+    old = [exact_frobenius(b, tuple(range(b.ndim))) for b in bufs]
+    before = elementwise.TRITON
+    elementwise.TRITON = True
+    try:
+        parts = elementwise.momentum_(bufs, grads, 0.9)
+    finally:
+        elementwise.TRITON = before
+    assert parts.shape == (4, 3) and parts.dtype == torch.float64 and fused["momentum"] == 1
+    got = elementwise.norms(parts)
+    want = torch.stack([exact_frobenius(b, tuple(range(b.ndim))) for b in bufs])
+    torch.testing.assert_close(got, want, rtol=2**-23, atol=0)
+    torch.testing.assert_close(got, torch.stack([torch.linalg.vector_norm(b) for b in bufs]), rtol=2**-22, atol=0)
+    assert not torch.allclose(got, torch.stack(old), rtol=1e-3)
 
 
 def test_normuon_fp32_apply_takes_the_kernel_with_the_same_bits(fused):
@@ -146,7 +199,7 @@ def test_divide_rounds_as_torch_div_into_a_half_type(fused, dtype, layout):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="real layer sizes: CUDA")
 @pytest.mark.parametrize("orthogonalizer", ["polar_express", "gram_newton_schulz"])
-def test_real_layer_sizes_on_cuda(orthogonalizer, fused):
+def test_real_layer_sizes_on_cuda(orthogonalizer, fused, gram_norms):
     """GPT-2-sized wide and tall megabatches (the direct half-precision apply of tall results too)."""
     shapes = [(768, 2304), (768, 2304), (3072, 768), (3072, 768), (768, 768)]
     options = dict(orthogonalizer=orthogonalizer, weight_decay=0.1, flatten=True)

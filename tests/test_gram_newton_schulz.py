@@ -183,3 +183,26 @@ def test_bf16_gram_is_as_accurate_as_fp16_on_low_rank_momenta(m, n):
         got, want = _along_singular_pairs(g, out, spectral_map(g, spec.schedule, spec.normaliser))
         worst = max(worst, float(np.max(np.abs(got - want))))
     assert worst < 0.2
+
+
+@pytest.mark.parametrize("shape", [(3, 8, 24), (3, 24, 8), (3, 8, 8)])
+def test_known_norms_are_divided_by_and_refused_where_they_do_not_belong(shape, monkeypatch):
+    """`orthogonalize(..., norms=)`: Gram Newton–Schulz divides by the norms given (wide, tall and square,
+    also in a divergence's fallback: DIVERGED at 0 sends every Gram result there): given the ones it would
+    form, its bits; given others, another result. Norms for another orthogonalizer, or of the wrong shape
+    or dtype, are refused before any work."""
+    from optimizers import gram_newton_schulz as gram
+    from optimizers.orthogonalize import orthogonalize
+    from optimizers.norms import frobenius
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+    own = frobenius(x, (-2, -1))
+    for diverged in (gram.DIVERGED, 0.0):
+        monkeypatch.setattr(gram, "DIVERGED", diverged)
+        plain = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16)
+        given = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own.clone())
+        doubled = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own * 2)
+        assert torch.equal(plain, given) and not torch.allclose(plain, doubled, atol=1e-3)
+    for name, norms in (("polar_express", own), ("gram_newton_schulz", own[:2]),
+                        ("gram_newton_schulz", own.double())):
+        with pytest.raises(ValueError, match="norms"):
+            orthogonalize(x, name, 5, 1e-7, torch.float16, norms=norms)

@@ -82,28 +82,36 @@ def momentum_direction(grad: torch.Tensor, state: State, group: Group) -> torch.
     return g.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
 
 
-def momentum_directions(grads: list[torch.Tensor], states: list[State], group: Group) -> list[torch.Tensor]:
+def momentum_directions(grads: list[torch.Tensor], states: list[State], group: Group
+                        ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """`momentum_direction` of many parameters at once, with the same bits: each elementwise pass is one
     torch._foreach_* call over all of them (a few kernel launches on CUDA instead of two per parameter), or
     with optimizers.elementwise.TRITON the momentum in one fused launch; with a half-type parameter among
-    them, one by one (base.FOREACH_DTYPES)."""
+    them, one by one (base.FOREACH_DTYPES). Also returns, where the fused launch ran and the directions are
+    the buffers themselves (no Nesterov), their sums of squares in parts ([N, P] fp64,
+    optimizers/elementwise.py `norms`); else None."""
     if not grads:
-        return []
+        return [], None
     gs, bufs = [local(g) for g in grads], [local(s["momentum_buffer"]) for s in states]
     if not foreach_exact(gs, bufs):  # half types one by one (base.FOREACH_DTYPES)
-        return [momentum_direction(g, s, group) for g, s in zip(grads, states)]
-    if not elementwise.momentum_(bufs, gs, group["momentum"]):  # the fused kernel's bits are these passes'
+        return [momentum_direction(g, s, group) for g, s in zip(grads, states)], None
+    parts = elementwise.momentum_(bufs, gs, group["momentum"])  # the fused kernel's bits are these passes'
+    if parts is None:
         torch._foreach_mul_(bufs, group["momentum"])
         torch._foreach_add_(bufs, gs)
-    return torch._foreach_add(gs, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
+    if group["nesterov"]:
+        return torch._foreach_add(gs, bufs, alpha=group["momentum"]), None
+    return bufs, parts
 
 
-def orthogonalize_group(mats: torch.Tensor, group: Group, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def orthogonalize_group(mats: torch.Tensor, group: Group, out_dtype: torch.dtype | None = None,
+                        norms: torch.Tensor | None = None) -> torch.Tensor:
     """orth of every matrix of `mats` [B, m, n] with the group's orthogonalizer, steps, eps and
-    compute dtype, returned in `out_dtype` (default `mats`' dtype)."""
+    compute dtype, returned in `out_dtype` (default `mats`' dtype); `norms`: their Frobenius norms [B],
+    where known (Gram Newton-Schulz only: optimizers/orthogonalize.py)."""
     compute = group["compute_dtype"] or default_compute_dtype(mats.device)
     return orthogonalize(mats, group["orthogonalizer"], group["ns_steps"] or DEFAULT_STEPS, group["eps"], compute,
-                         group["ns_coefficients"], tuple(group["gram_restarts"]), out_dtype)
+                         group["ns_coefficients"], tuple(group["gram_restarts"]), out_dtype, norms)
 
 
 def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
