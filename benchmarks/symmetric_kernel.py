@@ -58,12 +58,13 @@ QUICK_SHAPES = [("X Xᵀ 2x40x72", 2, 40, 72, "gram"), ("A + A·A 2x48x48", 2, 4
 BETA, ALPHA = -4.775, 2.0315
 CARRIED = "SYMMETRIC_KERNEL_ROWS"
 """Environment variable that carries the rows measured before a restart into the new process's summary."""
-ORDER = ["tma", "base", "even"]
+ORDER = ["persistent", "tma", "base", "even"]
 """Variants at their own launch, in this order (the default first: a --deadline cut drops the last)."""
-SWEEP = [("tma", 8, 3), ("tma", 8, 4), ("tma", 4, 3)]
+SWEEP = [("tma", 8, 3), ("tma", 8, 4), ("tma", 4, 3), ("persistent", 4, 5)]
 """(variant, warps, stages) beyond each variant's own launch, run after them (--no-sweep skips them).
-On one H200 (torch 2.11, triton 3.6) tma's own 4 warps, 4 stages was the fastest on every shape, then
-8 warps, 4 stages, then 8 warps, 3 stages (1.03-1.08x slower than 4, 4)."""
+On one H200 (torch 2.11, triton 3.6) tma's own 4 warps, 4 stages was the fastest of tma's launches on every
+shape, then 8 warps, 4 stages, then 8 warps, 3 stages (1.03-1.08x slower than 4, 4); persistent at 5 stages
+ran 0.97-1.00x its own 4 (benchmarks/results/2026-12-01-h200-torch2.11.0-pipelined-checks/call4/)."""
 
 
 def operands(batch, m, k, kind, device, dtype, seed=0):

@@ -12,14 +12,20 @@ baddbmm; Q = Z + aI by a clone). On the 24-layer step (one H200): 517.94 ms agai
 rounds (benchmarks/results/2026-12-01-h200-torch2.11.0-identity-epilogue/).
 
 Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call by the module constant
-`VARIANT`, "tma" at 4 warps and 4 stages: the fastest measured):
+`VARIANT`, "persistent" at 4 warps and 4 stages: the fastest measured):
   - "base": the kernel above (masked pointer loads, 128 x 128 tiles, row-major tile order);
   - "even": the same with no masks where m and k are multiples of the tiles;
   - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
     triton.tools.tensor_descriptor.TensorDescriptor; a transposed view b = xᵀ is read by x's rows and
     fed as tl.trans; likewise an a stored by columns), stores by TMA, tiles in L2 groups of 8 row
     blocks; a diagonal tile's lower half is the transpose of its upper half, so the whole result is
-    bitwise symmetric.
+    bitwise symmetric;
+  - "persistent": tma's tiles and bits, by one program per SM looping over the (matrix, tile) work items in
+    a flattened loop (the next tile's loads issued under this tile's epilogue), with a branch-free
+    epilogue. On one H200 (benchmarks/results/2026-12-01-h200-torch2.11.0-pipelined-checks/call4/):
+    1.84-2.08x cuBLAS on the 24-layer stacks against tma's 1.79-2.04x in the same run, 1.02-1.09x tma
+    in the probe before it (call3/); the 24-layer step 506.88 -> 498.21 ms, interleaved. At 3 stages or
+    8 warps it ran 0.83-0.94x tma, with warp specialization 0.57-0.89x, at 5 stages no faster than at 4.
 Measured on one H200 (torch 2.11, triton 3.6; benchmarks/symmetric_kernel.py, bf16, ms and the speedup
 over cuBLAS's full product):
 
@@ -67,10 +73,10 @@ from optimizers.launches import launch, noting, on_device
 DTYPES = (torch.bfloat16, torch.float16)
 """Operand dtypes the kernel takes (tensor-core dot products, fp32 accumulation)."""
 
-VARIANT = "tma"
-"""The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when the call names none: "tma" (its
-launch: 4 warps, 4 stages), the fastest on every stack of the H200 run above (1.80-2.08x cuBLAS,
-1.18-1.36x "base")."""
+VARIANT = "persistent"
+"""The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when the call names none: "persistent"
+(its launch: 4 warps, 4 stages), the fastest over the 24-layer stacks (62.0 ms for the five against 117.5
+ms by cuBLAS; on one stack, A + A·A, tma was 1% ahead)."""
 
 TILE, TILE_K, WARPS, STAGES = 128, 64, 8, 3
 """Tile rows/columns, reduction step, and the warps and pipeline stages of a variant that names none
@@ -160,15 +166,9 @@ def _upper_tiles(a_ptr, b_ptr, c_ptr, out_ptr, pairs_ptr, m, k,
 
 
 @triton.jit
-def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, alpha, beta, identity,
-                     HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
-                     TILE_M: tl.constexpr, TILE_R: tl.constexpr, HAS_IDENTITY: tl.constexpr = False):
-    # tile (ti, tj), tj >= ti, of matrix `batch`: loads and stores by TMA
-    pair = tl.program_id(0)
-    batch = tl.program_id(1)
-    ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
-    r0 = ti * TILE_M
-    c0 = tj * TILE_M
+def _tile_tma(a_desc, b_desc, c_desc, batch, r0, c0, k, alpha, beta,
+              HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, TILE_M: tl.constexpr, TILE_R: tl.constexpr):
+    # alpha * (A B)[r0:, c0:] (+ beta C), the TILE_M x TILE_M tile of matrix `batch` in fp32, loaded by TMA
     acc = tl.zeros((TILE_M, TILE_M), dtype=tl.float32)
     for k0 in range(0, k, TILE_R):
         if A_T:  # a's columns are contiguous (a transposed view): load the [TILE_R, TILE_M] block of aᵀ
@@ -184,6 +184,20 @@ def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, al
     acc = acc * alpha
     if HAS_C:  # TMA zero-fills past the matrix's edge
         acc += beta * c_desc.load([batch, r0, c0]).reshape(TILE_M, TILE_M).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, alpha, beta, identity,
+                     HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+                     TILE_M: tl.constexpr, TILE_R: tl.constexpr, HAS_IDENTITY: tl.constexpr = False):
+    # tile (ti, tj), tj >= ti, of matrix `batch`: loads and stores by TMA
+    pair = tl.program_id(0)
+    batch = tl.program_id(1)
+    ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
+    r0 = ti * TILE_M
+    c0 = tj * TILE_M
+    acc = _tile_tma(a_desc, b_desc, c_desc, batch, r0, c0, k, alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_R)
     # Stores past the matrix's edge are clipped. Only a diagonal tile (tj == ti) is symmetrised and stored
     # once: selecting by (tj == ti) in every tile's epilogue ran 0.96-1.02x as fast on the 24-layer stacks,
     # and that step 508.34 against 505.08 ms (benchmarks/results/2026-12-01-h200-torch2.11.0-identity-epilogue/).
@@ -197,6 +211,31 @@ def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, al
         out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_M))
     else:  # wholly above the diagonal: stored, and its transpose at the mirror
         result = acc.to(out_ptr.dtype.element_ty)
+        out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_M))
+        out_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_M, TILE_M))
+
+
+@triton.jit
+def _upper_tiles_persistent(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, pairs, work, alpha, beta,
+                            identity, HAS_C: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+                            TILE_M: tl.constexpr, TILE_R: tl.constexpr, HAS_IDENTITY: tl.constexpr = False):
+    # each program takes work items w = program, program + programs, ...: tile pairs[w % pairs] of matrix
+    # w // pairs. The loop is flattened, so the next tile's loads are issued under this tile's epilogue.
+    # The epilogue has no branch: every tile stores itself and its transpose; a diagonal tile, symmetrised
+    # first (its lower half the transpose of its upper half), stores the same values twice at one place.
+    idx = tl.arange(0, TILE_M)
+    for item in tl.range(tl.program_id(0), work, tl.num_programs(0), flatten=True):
+        batch = item // pairs
+        pair = item - batch * pairs
+        ti, tj = tl.load(pairs_ptr + 2 * pair), tl.load(pairs_ptr + 2 * pair + 1)
+        r0 = ti * TILE_M
+        c0 = tj * TILE_M
+        acc = _tile_tma(a_desc, b_desc, c_desc, batch, r0, c0, k, alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_R)
+        diagonal = ti == tj
+        if HAS_IDENTITY:  # `identity` on the diagonal, in fp32 before the one rounding
+            acc = tl.where(diagonal & (idx[:, None] == idx[None, :]), acc + identity, acc)
+        result = acc.to(out_ptr.dtype.element_ty)
+        result = tl.where(diagonal & (idx[:, None] > idx[None, :]), tl.trans(result), result)
         out_desc.store([batch, r0, c0], result.reshape(1, TILE_M, TILE_M))
         out_desc.store([batch, c0, r0], tl.trans(result).reshape(1, TILE_M, TILE_M))
 
@@ -227,12 +266,14 @@ def _pairs(tiles: int, device: torch.device, group: int = 0) -> torch.Tensor:
 class Variant:
     """One way to run the kernel. `descriptors`: TMA loads and stores through tensor descriptors (else
     masked pointer loads); `even`: unmasked pointer loads where the shape allows; `group`: row blocks
-    per L2 group of the tile order; `warps`, `stages`: the launch (None: WARPS, STAGES, read at the
+    per L2 group of the tile order; `persistent`: one program per SM looping over the (matrix, tile) work
+    items (descriptor variants only); `warps`, `stages`: the launch (None: WARPS, STAGES, read at the
     call)."""
 
     descriptors: bool = False
     even: bool = False
     group: int = 0
+    persistent: bool = False
     warps: int | None = None
     stages: int | None = None
 
@@ -242,6 +283,8 @@ VARIANTS = {
     "even": Variant(even=True),
     # 4 warps, 4 stages: 1.03-1.08x the default launch's 8 warps, 3 stages on the H200 (the table above)
     "tma": Variant(descriptors=True, group=8, warps=4, stages=4),
+    # 4 warps, 4 stages: at 3 stages, or 8 warps, 0.83-0.94x "tma" on the 24-layer stacks
+    "persistent": Variant(descriptors=True, group=8, persistent=True, warps=4, stages=4),
 }
 """The kernel variants (issue 13), by name: "base" is the kernel as first written."""
 
@@ -370,7 +413,24 @@ def launch_plan(v: Variant, input, a, b, out, alpha=1.0, beta=1.0, tile=None, ti
     out_desc = desc(out, list(out.shape), list(out.stride()), [1, tile, tile])
     c_desc = out_desc if input is None else desc(input, list(input.shape), list(input.stride()), [1, tile, tile])
     pairs = _pairs(triton.cdiv(m, tile), a.device, v.group)
+    constexprs = dict(HAS_C=input is not None, A_T=a_t, B_T=b_t, TILE_M=tile, TILE_R=tile_k,
+                      HAS_IDENTITY=identity != 0.0)
+    if v.persistent:
+        work = pairs.shape[0] * batch
+        args = (a_desc, b_desc, c_desc, out_desc, out, pairs, k, pairs.shape[0], work, float(alpha), float(beta),
+                float(identity))
+        return _upper_tiles_persistent, (min(work, programs(a.device)),), args, constexprs
     args = (a_desc, b_desc, c_desc, out_desc, out, pairs, k, float(alpha), float(beta), float(identity))
-    return _upper_tiles_tma, (pairs.shape[0], batch), args, dict(HAS_C=input is not None, A_T=a_t, B_T=b_t,
-                                                                   TILE_M=tile, TILE_R=tile_k,
-                                                                   HAS_IDENTITY=identity != 0.0)
+    return _upper_tiles_tma, (pairs.shape[0], batch), args, constexprs
+
+
+INTERPRETED_PROGRAMS = 3
+"""Programs of a persistent launch off a GPU (the interpreter; a rehearsal's meta tensors, whose grid is
+not compiled): few, so that each takes several work items, as on a GPU."""
+
+
+def programs(device: torch.device) -> int:
+    """Programs of a persistent launch on `device`: one per SM on CUDA, else INTERPRETED_PROGRAMS."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETED_PROGRAMS
