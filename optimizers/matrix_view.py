@@ -36,6 +36,13 @@ def matrix_dims(shape: tuple[int, ...], flatten: bool, num_heads: int | None = N
     return shape[-2], shape[-1]
 
 
+def matrix_count(shape: tuple[int, ...], flatten: bool, num_heads: int | None = None) -> int:
+    """How many matrices `as_matrices` views one parameter of `shape` as."""
+    if num_heads is not None:
+        return num_heads
+    return 1 if flatten else math.prod(shape[:-2])
+
+
 def lr_scale(shape: tuple[int, ...], flatten: bool, adjust_lr: str | None, num_heads: int | None = None) -> float:
     """spectral_norm: sqrt(fan_out/fan_in); rms_norm: 0.2 sqrt(max(fan_out, fan_in)); None: 1."""
     fan_out, fan_in = matrix_dims(shape, flatten, num_heads)

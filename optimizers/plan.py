@@ -34,7 +34,7 @@ from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
 from optimizers.algorithms.base import FOREACH_DTYPES, no_postprocess, select_all
 from optimizers.algorithms.muon import (MOMENTUM, default_compute_dtype, momentum_direction, momentum_directions,
                                         orthogonalize_group)
-from optimizers.matrix_view import as_matrices
+from optimizers.matrix_view import as_matrices, matrix_count, matrix_dims
 from optimizers.graphs import PlanGraphs, capturable as graph_eligible, stacked_block
 from optimizers import gram_newton_schulz as gram
 from optimizers.gram_newton_schulz import (DeferredChecks, FlagCopy, deferred_checks, iteration_dtype,
@@ -55,8 +55,10 @@ class Megabatch:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """One group's step: `params` are those with a gradient and at least one element, in order;
-    `megabatches` partition them for a matrix algorithm (empty for an elementwise one)."""
+    """One group's step: `params` are those with a gradient and at least one element, in the group's order
+    for an elementwise algorithm; for a matrix algorithm `megabatches` partition them and `params` lists them
+    megabatch by megabatch (so the fused momentum launch's sums of squares of a megabatch are consecutive
+    rows: `execute`)."""
 
     group: dict[str, Any]
     algorithm: Algorithm
@@ -87,9 +89,11 @@ def make_plan(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]
             if p in state:
                 param_state.check(f"{where} parameter {i}", p, state[p], algorithm, group)
             stepped.append(p)
-        plans.append(GroupPlan(group, algorithm, tuple(stepped),
-                               () if algorithm.elementwise else
-                               _megabatches(stepped, process_group, group["tp_mode"], tp_dim)))
+        if algorithm.elementwise:
+            plans.append(GroupPlan(group, algorithm, tuple(stepped), ()))
+            continue
+        megabatches = _megabatches(stepped, process_group, group["tp_mode"], tp_dim)
+        plans.append(GroupPlan(group, algorithm, tuple(p for b in megabatches for p in b.params), megabatches))
     return plans
 
 
@@ -137,16 +141,14 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             continue
         for batch in plan.megabatches:
             momentum_block(algorithm, batch, state)
-        entries = {p: param_state.create(p, state[p], algorithm, group) for p in plan.params}
-        # megabatch by megabatch: each one's sums of squares from the fused momentum launch are consecutive rows
-        ordered = [p for batch in plan.megabatches for p in batch.params]
-        parts, first = None, dict(zip(plan.megabatches, itertools.accumulate(
-            (len(b.params) for b in plan.megabatches), initial=0)))
+        entries = [param_state.create(p, state[p], algorithm, group) for p in plan.params]
+        parts = None  # the sums of squares of megabatch n's directions: rows starts[n] on (GroupPlan.params' order)
         if algorithm.direction is momentum_direction:  # the same bits, in a few foreach passes
-            found, parts = momentum_directions([p.grad for p in ordered], [entries[p] for p in ordered], group)
-            directions = dict(zip(ordered, found))
+            found, parts = momentum_directions([p.grad for p in plan.params], entries, group)
+            directions = dict(zip(plan.params, found))
         else:
-            directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in entries.items()}
+            directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in zip(plan.params, entries)}
+        starts = list(itertools.accumulate((len(b.params) for b in plan.megabatches), initial=0))
         for number in run_order(plan):
             batch = plan.megabatches[number]
             key, members = (index, number), [directions[p] for p in batch.params]
@@ -174,9 +176,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 continue
             block = stacked_block(members) if reads_only(algorithm) else None
             stack = torch.stack(members) if block is None else block
-            if direct is not None and block is not None and takes_norms(group, members[0]) and parts is not None:
-                start = first[batch]
-                update = functools.partial(update, norms=elementwise.norms(parts[start:start + len(members)]))
+            if direct is not None and block is not None and parts is not None and takes_norms(group, batch.shape):
+                update = functools.partial(update, norms=elementwise.norms(parts[starts[number]:starts[number + 1]]))
             with deferred_checks() as checks:
                 result = update(stack)
             previous = pending
@@ -222,13 +223,13 @@ class Pending:
         self.finish(result)
 
 
-def takes_norms(group: dict[str, Any], member: torch.Tensor) -> bool:
+def takes_norms(group: dict[str, Any], shape: tuple[int, ...]) -> bool:
     """A megabatch of Muon's direct path (`direct_dtype`) whose directions are the live momentum block may
     divide by the norms the fused momentum launch formed (optimizers/elementwise.py `norms`, in place of a
     pass of their own): under Gram Newton–Schulz (whose normaliser is formed in fp32), each parameter one
     matrix of its matrix view."""
     return (group["orthogonalizer"] == "gram_newton_schulz"
-            and as_matrices(member.unsqueeze(0), group["flatten"]).size(0) == 1)
+            and matrix_count(shape, group["flatten"], group["num_heads"]) == 1)
 
 
 def run_order(plan: GroupPlan) -> list[int]:
@@ -236,12 +237,12 @@ def run_order(plan: GroupPlan) -> list[int]:
     whose result is checked on the host (Gram Newton–Schulz on wide or tall matrices), then the rest, each
     part in plan order."""
     group = plan.group
+    if group.get("orthogonalizer") != "gram_newton_schulz":
+        return list(range(len(plan.megabatches)))
 
     def checked(batch: Megabatch) -> bool:
-        if batch.layout is not None or group.get("orthogonalizer") != "gram_newton_schulz":
-            return False
-        rows, cols = as_matrices(batch.params[0].unsqueeze(0), group["flatten"]).shape[-2:]
-        return takes_gram_iteration(rows, cols)
+        return batch.layout is None and takes_gram_iteration(*matrix_dims(batch.shape, group["flatten"],
+                                                                          group.get("num_heads")))
 
     return sorted(range(len(plan.megabatches)), key=lambda n: not checked(plan.megabatches[n]))
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from optimizers import Muon
-from optimizers.matrix_view import as_matrices, lr_scale
+from optimizers.matrix_view import as_matrices, lr_scale, matrix_count, matrix_dims
 
 
 def params(*shapes, dtype=torch.float32, seed=0):
@@ -92,6 +92,17 @@ def test_flatten_view_keeps_the_stack_axis():
     assert lr_scale((8, 4, 3, 3), True, "spectral_norm") == pytest.approx(math.sqrt(8 / 36))
     assert lr_scale((8, 4, 3, 3), False, "spectral_norm") == 1.0
     assert lr_scale((8, 36), True, "rms_norm") == pytest.approx(0.2 * 6)
+
+
+@pytest.mark.parametrize("shape", [(8, 4, 3, 3), (6, 20), (2, 3, 5, 7, 4)])
+@pytest.mark.parametrize("flatten", [True, False])
+def test_matrix_count_and_dims_are_those_of_the_view(shape, flatten):
+    """matrix_count and matrix_dims (shape only) say what as_matrices makes of one parameter; with heads too."""
+    view = as_matrices(torch.zeros(1, *shape), flatten)
+    assert matrix_count(shape, flatten) == view.shape[0] and matrix_dims(shape, flatten) == tuple(view.shape[1:])
+    if len(shape) == 2:
+        heads = as_matrices(torch.zeros(1, *shape), flatten, head_dim=shape[0] // 2)
+        assert matrix_count(shape, flatten, 2) == heads.shape[0] and matrix_dims(shape, flatten, 2) == tuple(heads.shape[1:])
 
 
 @pytest.mark.parametrize("flatten", [True, False])
