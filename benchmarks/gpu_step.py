@@ -5,8 +5,9 @@
                                   [--drop REGEX] [--extra-peers] [--quick]
 
 Prints Markdown rows as each is measured (flushed): median step ms (CUDA events; host clock on CPU),
-the first step's wall time including construction (compilation and autotuning included), the
-standard Newton–Schulz TFLOP of one step, and the rate that equals against a measured dense bf16
+the first step's wall time including construction (compilation and autotuning included; the persistent
+symmetric kernel compiles in the background after it, its stand-in running meanwhile, and the timed steps
+wait for it), the standard Newton–Schulz TFLOP of one step, and the rate that equals against a measured dense bf16
 matmul peak ("NS-equivalent": a contender doing fewer FLOPs, e.g. Gram NS, can pass 100%).
 
 Bounded, so that one call of a few minutes yields the whole table:
@@ -63,7 +64,7 @@ from dataclasses import dataclass, field
 import torch
 
 import optimizers
-from optimizers import elementwise, gram_newton_schulz as gram, symmetric
+from optimizers import elementwise, gram_newton_schulz as gram, launches, symmetric
 
 
 def gpt2_small(s: float) -> list[tuple[int, ...]]:
@@ -315,7 +316,8 @@ class Result:
 
 def measure(contender: Contender, params: list[torch.nn.Parameter], device: torch.device, args: argparse.Namespace,
             seconds: float) -> Result:
-    """Construction + first step (wall), then median of a budgeted number of steps, within `seconds`."""
+    """Construction + first step (wall), then median of a budgeted number of steps, within `seconds`, after
+    any kernel compiling in the background since the first step is done (optimizers/plan.py compile_for)."""
     gram.STATS.gram = gram.STATS.fallbacks = 0
     kernel = symmetric.triton_kernel()
     if kernel:
@@ -328,6 +330,7 @@ def measure(contender: Contender, params: list[torch.nn.Parameter], device: torc
             opt.step()
             _sync(device)
             first = time.perf_counter() - t0
+            launches.wait()  # kernels still compiling in the background: the timed steps run the final ones
             t0 = time.perf_counter()
             opt.step()
             _sync(device)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -100,6 +101,15 @@ def distinct(launches: list[Launch]) -> list[Launch]:
     return out
 
 
+COMPILED: set[tuple] = set()
+"""The specializations `compile_all` compiled in this process."""
+
+
+def compiled(item: Launch) -> bool:
+    """`compile_all` already compiled what `item` would (`specialization`) in this process."""
+    return specialization(item) in COMPILED
+
+
 FAILURES: list[str] = []
 """Kernels `compile_all` could not compile ahead in this process, with the error (their real launch then
 compiles them, or fails as it always would)."""
@@ -128,10 +138,11 @@ def compile_all(launches: list[Launch], device: torch.device) -> int:
     def one(item: Launch) -> bool:
         try:
             with torch.cuda.device(device):
-                compiled = item.kernel.warmup(*item.args, grid=item.grid, **item.options)
-                init = getattr(compiled, "_init_handles", None)  # the launcher and module (Triton internals)
+                binary = item.kernel.warmup(*item.args, grid=item.grid, **item.options)
+                init = getattr(binary, "_init_handles", None)  # the launcher and module (Triton internals)
                 if init is not None:
                     init()
+            COMPILED.add(specialization(item))
         except Exception as exc:  # noqa: BLE001 - the real launch meets it again and handles it
             name = getattr(getattr(item.kernel, "fn", None), "__name__", repr(item.kernel))
             FAILURES.append(f"{name}: {type(exc).__name__}: {exc}")
@@ -140,3 +151,28 @@ def compile_all(launches: list[Launch], device: torch.device) -> int:
 
     with ThreadPoolExecutor(min(len(todo), WORKERS, os.cpu_count() or 1)) as pool:
         return sum(pool.map(one, todo))
+
+
+BACKGROUND: list[threading.Thread] = []
+"""Compiles started by `compile_in_background` (a daemon thread each: a process may exit before one ends)."""
+
+
+def compile_in_background(launches: list[Launch], device: torch.device, done: Callable[[], None]) -> None:
+    """`compile_all(launches, device)` on a thread of its own, then `done()`; an error that escapes it is
+    noted in FAILURES (the launches meet it again when they run)."""
+    def work() -> None:
+        try:
+            compile_all(launches, device)
+        except Exception as exc:  # noqa: BLE001 - a speed-up only, on a thread nobody joins in a step
+            FAILURES.append(f"background compile: {type(exc).__name__}: {exc}")
+        finally:
+            done()
+    thread = threading.Thread(target=work, name="triton-compile", daemon=True)
+    BACKGROUND.append(thread)
+    thread.start()
+
+
+def wait() -> None:
+    """Wait for every background compile (tests, benchmarks)."""
+    while BACKGROUND:
+        BACKGROUND.pop().join()

@@ -256,7 +256,30 @@ def compile_ahead(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> int
     devices = {b.params[0].device for p in plans for b in p.megabatches if b.layout is None}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         return 0
-    return launches.compile_all(rehearse(plans, state), devices.pop())
+    return compile_for(plans, state, devices.pop())
+
+
+def compile_for(plans: list[GroupPlan], state: dict[torch.Tensor, Any], device: torch.device) -> int:
+    """`compile_ahead` on `device`. Where the default symmetric kernel variant compiles slowly
+    (symmetric_triton.STAND_INS) and this plan launches specializations of it not compiled yet in this
+    process, those compile in the background while its stand-in, of the same bits, runs (WARMING): the
+    step's launches with the stand-in compile now. While one background compile runs, later plans compile
+    ahead with the stand-in (what they launch of the slow variant afterwards compiles at its launch)."""
+    kernel = symmetric.triton_kernel() if symmetric.TRITON else None
+    variant = None if kernel is None else kernel.VARIANT
+    if variant not in getattr(kernel, "STAND_INS", {}) or variant in kernel.WARMING:
+        return launches.compile_all(rehearse(plans, state), device)
+    later = rehearse(plans, state)
+    kernel.WARMING.add(variant)
+    now = rehearse(plans, state)
+    first = {id(item.kernel) for item in now}
+    background = [item for item in later if id(item.kernel) not in first and not launches.compiled(item)]
+    if not background:  # nothing of the variant left to compile: it runs at once
+        kernel.WARMING.discard(variant)
+        return launches.compile_all(later, device)
+    compiled = launches.compile_all(now, device)
+    launches.compile_in_background(background, device, lambda: kernel.WARMING.discard(variant))
+    return compiled
 
 
 def rehearse(plans: list[GroupPlan], state: dict[torch.Tensor, Any]) -> list[launches.Launch]:

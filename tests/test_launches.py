@@ -193,3 +193,65 @@ def test_a_failed_compile_ahead_warns_and_the_step_runs_as_before(monkeypatch):
     assert calls == [1]
     for p, q in zip(params, reference):
         assert torch.equal(p, q)
+
+
+def kernel_names(noted):
+    return {item.kernel.fn.__name__ if hasattr(item.kernel, "fn") else str(item.kernel) for item in noted}
+
+
+def test_a_slow_default_variant_compiles_in_the_background_while_its_stand_in_runs(kernels_on, monkeypatch):
+    """compile_for: a plan that launches persistent kernels (STAND_INS) not compiled yet compiles the step's
+    launches with tma in their place now, and the persistent launches in the background; until that ends the
+    default resolves to tma (the same bits: tests/test_symmetric_triton.py), then to persistent. A later plan
+    whose persistent launches are compiled compiles ahead as usual; one with no symmetric product starts no
+    background compile."""
+    from optimizers import symmetric_triton
+    monkeypatch.setattr(symmetric_triton, "WARMING", set())
+    monkeypatch.setattr(launches, "COMPILED", set())
+    now, later, finish = [], [], []
+
+    def compile_all(noted, device):
+        now.append(noted)
+        launches.COMPILED.update(launches.specialization(item) for item in noted)
+        return len(launches.distinct(noted))
+
+    def background(noted, device, done):
+        later.append(noted)
+        finish.append(lambda: (launches.COMPILED.update(launches.specialization(i) for i in noted), done()))
+    monkeypatch.setattr(launches, "compile_all", compile_all)
+    monkeypatch.setattr(launches, "compile_in_background", background)
+    params, opt = setup(dict(orthogonalizer="gram_newton_schulz", compute_dtype=torch.float16))
+    x = torch.randn(2, 32, 48, dtype=torch.float16, device=DEVICE)
+    plans = plan.make_plan(opt.param_groups, opt.state, None)
+    assert plan.compile_for(plans, opt.state, torch.device(DEVICE)) == len(launches.distinct(now[0]))
+    assert "_upper_tiles_tma" in kernel_names(now[0]) and "_upper_tiles_persistent" not in kernel_names(now[0])
+    assert kernel_names(later[0]) == {"_upper_tiles_persistent"}
+    assert symmetric_triton.WARMING == {"persistent"} and symmetric_triton.resolve(None, None, x, x.mT) == "tma"
+    opt.step()  # while warming: the stand-in runs
+    assert "_upper_tiles_tma" in kernel_names(kernels_on) and "_upper_tiles_persistent" not in kernel_names(kernels_on)
+    finish[0]()
+    assert symmetric_triton.WARMING == set() and symmetric_triton.resolve(None, None, x, x.mT) == "persistent"
+    plans = plan.make_plan(opt.param_groups, opt.state, None)  # a new plan: the state entries exist now
+    plan.compile_for(plans, opt.state, torch.device(DEVICE))
+    assert len(later) == 1 and "_upper_tiles_persistent" in kernel_names(now[-1])
+    kernels_on.clear()
+    opt.step()
+    assert "_upper_tiles_persistent" in kernel_names(kernels_on) and "_upper_tiles_tma" not in kernel_names(kernels_on)
+    monkeypatch.setattr(launches, "COMPILED", set())
+    monkeypatch.setattr(symmetric, "TRITON_ROWS", 4096)  # no product takes the kernel: nothing to warm
+    plan.compile_for(plan.make_plan(opt.param_groups, opt.state, None), opt.state, torch.device(DEVICE))
+    assert len(later) == 1 and symmetric_triton.WARMING == set()
+
+
+def test_a_background_compile_calls_done_after_a_failure(monkeypatch):
+    """compile_in_background runs compile_all on a thread and then `done`, even when compile_all raised (the
+    error noted in FAILURES)."""
+    def broken(noted, device):
+        raise RuntimeError("no compiler")
+    monkeypatch.setattr(launches, "compile_all", broken)
+    monkeypatch.setattr(launches, "FAILURES", [])
+    done = []
+    launches.compile_in_background([], torch.device("cpu"), lambda: done.append(True))
+    launches.wait()
+    assert done == [True] and launches.BACKGROUND == []
+    assert launches.FAILURES == ["background compile: RuntimeError: no compiler"]

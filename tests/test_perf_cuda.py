@@ -122,20 +122,26 @@ def test_cuda_graphs_cut_the_launches():
 def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
     """With both kernel switches on, a new plan's Triton kernels are compiled side by side before its step
     (optimizers/plan.py compile_ahead): the step itself then adds no kernel to any of the kernels' in-process
-    caches (emptied first, so that the compiles are this test's; Triton's disk cache may serve them)."""
+    caches (emptied first, so that the compiles are this test's; Triton's disk cache may serve them). The
+    default persistent kernel compiles in the background meanwhile (tma stands in); once it is done, the
+    next plan's step runs it and compiles nothing either."""
     pytest.importorskip("triton")
     from optimizers import Muon, elementwise, elementwise_triton, launches, plan, symmetric_triton
 
     kernels = [symmetric_triton._upper_tiles_tma, symmetric_triton._upper_tiles, elementwise_triton._momentum,
                elementwise_triton._apply, elementwise_triton._divide]
-    if not all(hasattr(k, "device_caches") for k in kernels):
+    persistent = symmetric_triton._upper_tiles_persistent
+    if not all(hasattr(k, "device_caches") for k in kernels + [persistent]):
         pytest.skip("this triton keeps its compiled kernels elsewhere")
 
-    def compiled():
-        return sum(len(caches[0]) for k in kernels for caches in k.device_caches.values())
+    def compiled(of=kernels):
+        return sum(len(caches[0]) for k in of for caches in k.device_caches.values())
 
-    for k in kernels:
+    for k in kernels + [persistent]:
         k.device_caches.clear()
+    monkeypatch.setattr(symmetric_triton, "WARMING", set())
+    monkeypatch.setattr(launches, "COMPILED", set())
+    monkeypatch.setattr(symmetric_triton, "VARIANT", "persistent")
     monkeypatch.setattr(symmetric, "TRITON", True)
     monkeypatch.setattr(elementwise, "TRITON", True)
     ahead, original = [], plan.compile_ahead
@@ -154,3 +160,11 @@ def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
     assert launches.FAILURES == []
     assert len(ahead) == 1 and ahead[0][0] >= 4, ahead  # products (2), divide, momentum, apply
     assert compiled() == ahead[0][1], (compiled(), ahead)
+    launches.wait()
+    warm = compiled([persistent])
+    assert launches.FAILURES == [] and warm >= 2 and symmetric_triton.WARMING == set(), warm
+    before = dict(symmetric_triton.STATS.variants)
+    opt.step()  # a new plan (the state entries exist now): compiled ahead, the persistent kernel runs
+    torch.cuda.synchronize()
+    assert len(ahead) == 2 and compiled([persistent]) == warm
+    assert symmetric_triton.STATS.variants.get("persistent", 0) > before.get("persistent", 0)
