@@ -17,7 +17,8 @@ Muon's whole-matrix select and `orthogonalize_group` (Muon, NorMuon), with an or
 would only hold memory). Gram Newton–Schulz reads a divergence flag on the host, which a graph
 cannot: under capture it records each megabatch's flags on the device instead
 (gram_newton_schulz.deferred_checks), and they are read together after the replay, before any result
-is applied (one synchronisation per step, where eager has one per megabatch); a megabatch whose
+is applied (one synchronisation per step; eager reads one per megabatch, behind the next megabatch's work:
+optimizers/plan.py `Pending`); a megabatch whose
 matrices diverged is recomputed eagerly, where the standard-iteration fallback runs.
 Not captured: SVD (cuSOLVER checks its info on the host) and every other algorithm; these run
 eagerly as before. A graph replays exactly the kernels the eager calls run, on the same inputs, each
