@@ -142,7 +142,7 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
         for batch in plan.megabatches:
             momentum_block(algorithm, batch, state)
         entries = [param_state.create(p, state[p], algorithm, group) for p in plan.params]
-        parts = None  # the sums of squares of megabatch n's directions: rows starts[n] on (GroupPlan.params' order)
+        parts = None  # the directions' sums of squares: a row per plan.params entry, megabatch n's from starts[n]
         if algorithm.direction is momentum_direction:  # the same bits, in a few foreach passes
             found, parts = momentum_directions([p.grad for p in plan.params], entries, group)
             directions = dict(zip(plan.params, found))

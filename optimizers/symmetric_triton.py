@@ -43,7 +43,8 @@ took 7.75 s of compiles against tma's 0.85 s) and three persistent variants (one
 over the tiles, plain / tl.range(flatten=True) / tl.range(warp_specialize=True)): triton 3.6 could not
 compile them (the tests: "PassManager::run failed"; the benchmark's launches: 320 KiB of shared memory
 for "persistent" at 4 stages, 272 KiB for the warp-specialized one, past the 227 KiB of an H200 block),
-so nothing measured them faster. Also measured after that (benchmarks/results/2026-11-30-h200-torch2.11.0-gpu_step-one-run/
+so nothing measured them faster. (The "persistent" variant above, written anew with a branch-free epilogue,
+compiles at 4 warps and 4 stages within 168-192 KiB.) Also measured after that (benchmarks/results/2026-11-30-h200-torch2.11.0-gpu_step-one-run/
 probes/): warp specialization of the k loop (`tl.range(warp_specialize=True)`) compiles but runs 0.50-0.94x
 this kernel; TILE_K 128, 5-6 stages and L2 groups of 4-32 row blocks are slower or within run-to-run noise
 (interleaved rounds) on every stack of the 24-layer step. On small stacks (m <= 1536, e.g. 12x768x2304) every variant is
