@@ -84,12 +84,16 @@ STATS = GramStats()
 @dataclass
 class DeferredChecks:
     """The divergence checks of Gram results computed inside `deferred_checks()` (a CUDA-graph capture,
-    where the host cannot read a flag): one device flag per call, true when any of its matrices
-    diverged, and how many matrices the calls computed. Whoever replays reads the flags (optimizers/graphs.py,
-    `PlanGraphs.flush`) and, if one is true, recomputes the whole update eagerly (where the fallback runs)."""
+    or an eager megabatch whose flag is read later): one device flag per call, true when any of its
+    matrices diverged, and how many matrices the calls computed. Whoever reads the flags (`read_flags`,
+    `FlagCopy`) recomputes the whole update eagerly, where the fallback runs, if one is true."""
 
     flags: list[torch.Tensor] = field(default_factory=list)
     matrices: int = 0
+
+    def any(self) -> torch.Tensor:
+        """One device flag: true when any of the calls' matrices diverged (some flag was recorded)."""
+        return torch.stack(self.flags).any()
 
 
 _DEFERRED: list[DeferredChecks] = []
@@ -113,7 +117,7 @@ def read_flags(checks: Sequence[DeferredChecks]) -> list[bool]:
     flagged = [i for i, c in enumerate(checks) if c.flags]
     out = [False] * len(checks)
     if flagged:
-        read = torch.stack([torch.stack(checks[i].flags).any() for i in flagged]).tolist()
+        read = torch.stack([checks[i].any() for i in flagged]).tolist()
         for i, diverged in zip(flagged, read):
             out[i] = diverged
     return out
@@ -125,7 +129,7 @@ class FlagCopy:
     after (a flag read with `bool` or `tolist` later would wait for all of them)."""
 
     def __init__(self, checks: DeferredChecks) -> None:
-        flag = torch.stack(checks.flags).any()
+        flag = checks.any()
         self._event: torch.cuda.Event | None = None
         self._host = flag
         if flag.is_cuda:
