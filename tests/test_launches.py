@@ -207,8 +207,8 @@ def test_a_slow_default_variant_compiles_in_the_background_while_its_stand_in_ru
     """compile_for: a plan that launches persistent kernels (STAND_INS) not compiled yet compiles the step's
     launches with tma in their place now, and the persistent launches in the background; until that ends the
     default resolves to tma (the same bits: tests/test_symmetric_triton.py), then to persistent. A later plan
-    whose persistent launches are compiled compiles ahead as usual; one with no symmetric product starts no
-    background compile."""
+    whose launches are all compiled compiles ahead as usual, from one rehearsal; one with no symmetric product
+    starts no background compile."""
     from optimizers import symmetric_triton
     monkeypatch.setattr(symmetric_triton, "WARMING", set())
     monkeypatch.setattr(launches, "COMPILED", set())
@@ -236,8 +236,11 @@ def test_a_slow_default_variant_compiles_in_the_background_while_its_stand_in_ru
     finish[0]()
     assert symmetric_triton.WARMING == set() and symmetric_triton.resolve(None, None, x, x.mT) == "persistent"
     plans = plan.make_plan(opt.param_groups, opt.state, None)  # a new plan: the state entries exist now
+    rehearsals, rehearse = [], plan.rehearse
+    monkeypatch.setattr(plan, "rehearse", lambda *a: rehearsals.append(1) or rehearse(*a))
     plan.compile_for(plans, opt.state, torch.device(DEVICE))
     assert len(later) == 1 and "_upper_tiles_persistent" in kernel_names(now[-1])
+    assert len(rehearsals) == 1  # everything compiled already: no second rehearsal with the stand-in
     kernels_on.clear()
     opt.step()
     assert "_upper_tiles_persistent" in kernel_names(kernels_on) and "_upper_tiles_tma" not in kernel_names(kernels_on)
