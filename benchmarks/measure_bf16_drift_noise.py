@@ -1,16 +1,16 @@
-"""Measure the noise of the `drift` robust check (harness/robust_checks.py) on a correct bf16
+"""Measure the noise of the `drift` robust check (harness/judging/robust_checks.py) on a correct bf16
 implementation (ours), and write harness/bf16_drift_noise.json, its tolerances' data.
 
 `drift` runs DRIFT_FACTOR x a case's steps with the case's first gradients every step and compares the
 accumulated displacement with the FP64 reference's. Its noise depends on the matrix shape, so it is
 keyed per layer and matrix view (robust_checks.drift_key) and measured on the cases that carry the
-check (harness.selftest.DRIFT_CASES by default), each at seeds 0..N-1 (the seed draws the parameters
+check (harness.apps.selftest.DRIFT_CASES by default), each at seeds 0..N-1 (the seed draws the parameters
 and the persistent gradient). Per key it keeps ours' worst |value|, mean and standard deviation of each
 statistic.
 
 --correct TARGET ... measures other correct bf16 implementations on the same cases (where they support
 them), and their worst joins ours' in the tolerance: the plain op-by-op polynomial loop
-`harness.selftest_catalog:_POLYNOMIAL` (independent of ours' fused kernel) and torch.optim.Muon. Their
+`harness.apps.selftest_catalog:_POLYNOMIAL` (independent of ours' fused kernel) and torch.optim.Muon. Their
 error LEVEL differs from ours (4x on one case: it is implementation-specific, so it is not judged, nor
 centred); its growth over the trajectory is what `drift` judges. --also TARGET ... measures targets for
 the record only ("others", never a tolerance): defects, to show their effect.
@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from cases import Case  # noqa: E402
-from harness import robust_checks  # noqa: E402
-from harness.inputs import make_inputs  # noqa: E402
+from harness.judging import robust_checks  # noqa: E402
+from harness.running.inputs import make_inputs  # noqa: E402
 from harness.targets import load_target  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    from harness.selftest import DRIFT_CASES
+    from harness.apps.selftest import DRIFT_CASES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8, help="every case at seeds 0..N-1")

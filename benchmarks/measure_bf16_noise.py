@@ -1,4 +1,4 @@
-"""Measure the noise of the bf16-robust statistics (harness/robust_checks.py) on a correct bf16
+"""Measure the noise of the bf16-robust statistics (harness/judging/robust_checks.py) on a correct bf16
 implementation (ours), and write harness/bf16_noise.json, the tolerances' data.
 
 For every noise key (algorithm, parameter@compute dtype, orthogonalizer) with bf16 involved, it
@@ -23,7 +23,7 @@ commands listed in "commands"), --drop REGEX leaving out their keys that match (
 before their statistic changed).
 
 --schedules NAME ... measures, instead of ours' schedules, every selected polynomial case run by ours with
-each named schedule's coefficients and normaliser scale (harness/tolerance.py SCHEDULES, or ours by option
+each named schedule's coefficients and normaliser scale (harness/policy/tolerance.py SCHEDULES, or ours by option
 name on another orthogonalizer's cases; benchmarks/measure_tolerances.py DeclaredSchedule): the noise of a
 correct implementation of a schedule a peer declares, keyed as robust_checks.noise_key keys the peer
 ("muon/fp32@bf16/newton_schulz:you/gaussian"); --eps EPS runs it with that normaliser eps (a peer's own,
@@ -59,12 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from cases import Case, axes  # noqa: E402
-from harness import robust_checks  # noqa: E402
-from harness.inputs import make_inputs  # noqa: E402
-from harness.targets import load_target  # noqa: E402
 from benchmarks.measure_tolerances import MEASURABLE, DeclaredSchedule, drawn  # noqa: E402
-
+from cases import Case, axes  # noqa: E402
+from harness.judging import robust_checks  # noqa: E402
+from harness.running.inputs import make_inputs  # noqa: E402
+from harness.targets import load_target  # noqa: E402
 
 MEASURED_FRACTION = 0.5
 """The fraction of slices Dion2 and NorDion2 select in the measurement."""
@@ -143,7 +142,7 @@ def main() -> int:
     parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
     parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
                         help="instead of ours' schedules, every selected polynomial case run by ours with each of "
-                             "these (harness/tolerance.py SCHEDULES, or ours by option name)")
+                             "these (harness/policy/tolerance.py SCHEDULES, or ours by option name)")
     parser.add_argument("--eps", type=float, default=None, help="with --schedules: the normaliser's eps (default "
                         "ours'); only tiny gradients' keys depend on it (robust_checks.EPS_GRADIENTS)")
     args = parser.parse_args()

@@ -1,15 +1,15 @@
-"""Measure the tolerance coefficients of harness/tolerance.py on one device class; write them as data.
+"""Measure the tolerance coefficients of harness/policy/tolerance.py on one device class; write them as data.
 
 For every case of a tier (a distributed one as its single-process equivalent), optimizers.Muon runs on the device and each step is
 compared with the FP64 oracle. A step needs rtol = (||err|| - storage allowance) / ||delta_ref||;
-divided by u * max(1, A) (harness/sensitivity.py: the amplification at the singular values of the
+divided by u * max(1, A) (harness/policy/sensitivity.py: the amplification at the singular values of the
 direction that step orthogonalizes) that is the step's coefficient c. Each case is measured twice: as
 drawn, and with its gradients x 2^10 (the run the `scale` check judges against its own reference).
 Per policy key (optimizer, param@compute, schedule class, conditioning class) the file records the
-worst c (the policy's coefficient is derived from it: harness/tolerance.py), the median, the number
+worst c (the policy's coefficient is derived from it: harness/policy/tolerance.py), the median, the number
 of runs and the worst run's id.
 
-Schedules a peer declares other than ours (harness/tolerance.py SCHEDULES: Jiacheng You's quintics,
+Schedules a peer declares other than ours (harness/policy/tolerance.py SCHEDULES: Jiacheng You's quintics,
 other Polar Express tables) are measured with --schedules NAME ...: every selected polynomial case run by
 our optimizer with that schedule's coefficients and normaliser scale in place of its own (the standard
 iteration, or the Gram one with our restarts on a Gram case): a correct implementation of the declared
@@ -67,12 +67,13 @@ import numpy as np
 import torch
 
 from cases import TIERS, Case, tier
-from harness import backends, sensitivity, tolerance
 from harness.algorithms import algorithm
-from harness.checks import SCALE_FACTOR, reference_steps, unscalable
-from harness.dtypes import TORCH_DTYPES
-from harness.inputs import f64, make_inputs
-from harness.metrics import compare_step
+from harness.judging.checks import SCALE_FACTOR, reference_steps, unscalable
+from harness.judging.metrics import compare_step
+from harness.policy import sensitivity, tolerance
+from harness.policy.bounds import STORAGE_ULPS
+from harness.running import backends
+from harness.running.inputs import TORCH_DTYPES, f64, make_inputs
 from harness.targets.ours import OursMuon
 from optimizers import REGISTRY
 from optimizers import gram_newton_schulz as gram
@@ -190,7 +191,13 @@ def drawn(n: int, at: int, optimizers: tuple[str, ...]) -> list[Case]:
     """Up to `n` distinct cases drawn by the property tests' strategy, reproducibly (Hypothesis seed `at`)."""
     if not n:
         return []
-    from hypothesis import HealthCheck, Phase, given, seed, settings  # a test dependency: only for --drawn
+    from hypothesis import (  # a test dependency: only for --drawn
+        HealthCheck,
+        Phase,
+        given,
+        seed,
+        settings,
+    )
 
     from cases import strategies
     found: list[Case] = []
@@ -274,7 +281,7 @@ def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[to
             continue
         worst = 0.0
         for n, (_, x_prev, x_new, x_ref) in enumerate(steps):
-            m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, tolerance.STORAGE_ULPS)
+            m = compare_step(x_prev, x_new, x_ref, case.param_dtype, 0.0, STORAGE_ULPS)
             needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
             i, k = divmod(n, case.steps)
             worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
@@ -301,7 +308,7 @@ def main() -> None:
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
     parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
     parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
-                        help="measure these schedules (harness/tolerance.py SCHEDULES, or ours by name) on the "
+                        help="measure these schedules (harness/policy/tolerance.py SCHEDULES, or ours by name) on the "
                         "polynomial cases, run by our optimizer, instead of the cases' own")
     parser.add_argument("--per-key", type=int, default=0, help="skip a case whose key already has this many "
                         "measured cases (--merge files count): time goes to the keys few cases reach")

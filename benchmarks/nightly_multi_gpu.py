@@ -61,8 +61,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from cases import Case  # noqa: E402
-from harness import cli  # noqa: E402
-from harness.selection import select  # noqa: E402
+from harness.apps import cli  # noqa: E402
+from harness.running.selection import select  # noqa: E402
 from reports import Record, RunInfo, load_run, render_markdown, save_run, status_counts  # noqa: E402
 
 PAIRS = {True: ("nccl", "gloo"), False: ("cuda", "cpu")}

@@ -32,23 +32,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from cases import tier  # noqa: E402
-from harness import distributed_checks  # noqa: E402
-from harness.inputs import make_inputs  # noqa: E402
-from harness.pool import RankPool  # noqa: E402
+from harness.judging import registry  # noqa: E402
+from harness.running.inputs import make_inputs  # noqa: E402
+from harness.running.pool import RankPool  # noqa: E402
+from harness.running.ranks import rank_trajectory  # noqa: E402
 from harness.targets import load_target  # noqa: E402
 
 
 def measure(pool: RankPool, case, target) -> dict:
     """Timings (seconds) and verdicts of one distributed case on `pool`."""
     t0 = time.perf_counter()
-    result = pool.run(distributed_checks.rank_trajectory, case.id, "ours")
+    result = pool.run(rank_trajectory, case.id, "ours")
     ranks = time.perf_counter() - t0
     if not result.ok:
         return dict(case=case.id, ranks=ranks, checks={}, verdicts={"ranks": "error"})
     inputs, checks, verdicts = make_inputs(case), {}, {}
-    for name in distributed_checks.applicable(case):
+    for name in registry.applicable(case):
         t0 = time.perf_counter()
-        out = distributed_checks.CHECKS[name](case, target, inputs, result.values)
+        out = registry.judge(name)(case, target, inputs, result.values)
         checks[name] = time.perf_counter() - t0
         verdicts[name] = ("unsupported" if out.unsupported else "skipped" if out.skipped
                           else f"{'pass' if out.metrics.ratio <= 1 else 'FAIL'} {out.metrics.ratio:.3g}")

@@ -1,6 +1,6 @@
 """Amortized cost of a distributed case on the rank pool, against spawning ranks per case.
 
-Both sides run the same rank-side work (harness.distributed_checks.rank_trajectory: build the
+Both sides run the same rank-side work (harness.running.ranks.rank_trajectory: build the
 layout, step our distributed Muon, send the pieces back) for the same distributed CI cases of one
 world size on gloo, measured side by side in this process:
 
@@ -19,8 +19,8 @@ import statistics
 import time
 
 from cases import ci_cases
-from harness.distributed_checks import rank_trajectory
-from harness.pool import RankPool
+from harness.running.pool import RankPool
+from harness.running.ranks import rank_trajectory
 
 
 def _timed_case(pool: RankPool, case_id: str) -> float:

@@ -36,7 +36,7 @@ GPU_LAYERS: dict[str, tuple[str, tuple[int, ...]]] = {
 the symmetric products by blocks (optimizers/symmetric.py) and the Triton kernel (symmetric.TRITON) from a
 short side of 2 * BLOCK = 2048 rows, and any peer's kernels from smaller sizes (gram-newton-schulz's from
 256). Aspect 2 and more (the conv flattened: 2048 x 4608) keeps a Gaussian direction well conditioned
-(condition ~6), where the bf16 reference is well posed. Their cases run on CUDA only (harness/backends.py):
+(condition ~6), where the bf16 reference is well posed. Their cases run on CUDA only (harness/running/backends.py):
 the FP64 oracle of one 2048 x 4096 step is an SVD of that size, minutes on a loaded 2-core machine. Not in
 `all_layers()`: no covering array or strategy draws them."""
 
@@ -53,10 +53,6 @@ ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd", GRAM:
 ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
-OPTIMIZERS = ("muon", "normuon", "dion2", "nordion2")
-SELECTING = ("dion2", "nordion2")
-"""Optimizers that orthogonalize a selected fraction of slices: their cases carry `fraction`
-(and, when distributed, the selection `scope`)."""
 FRACTIONS = (0.25, 0.5, 1.0)
 SCOPES = ("local", "global")
 STEPS = (1, 3)
@@ -90,3 +86,8 @@ def known_layers() -> dict[str, tuple[str, tuple[int, ...]]]:
 def compute_ok(orthogonalizer: str, compute_dtype: str) -> bool:
     """False for "svd" with bf16: an SVD runs in fp32 at least, so that pair is no distinct case."""
     return not (orthogonalizer == "svd" and compute_dtype == "bf16")
+
+
+def flatten_values(layer: str) -> tuple[bool, ...]:
+    """The flatten values a layer's cases take: both for a 3-D+ layer, False for a matrix."""
+    return (False, True) if len(all_layers()[layer][1]) > 2 else (False,)

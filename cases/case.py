@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cases import axes, layouts, schema
+from cases import algorithms, axes, layouts, schema
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Case:
     def __post_init__(self) -> None:
         allowed = {"layer": tuple(axes.known_layers()), "param_dtype": axes.DTYPES,
                    "compute_dtype": axes.DTYPES, "orthogonalizer": axes.EVERY_ORTHOGONALIZER,
-                   "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS, "optimizer": axes.OPTIMIZERS}
+                   "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS, "optimizer": algorithms.names()}
         for name, values in allowed.items():
             if getattr(self, name) not in values:
                 raise ValueError(f"Case.{name}={getattr(self, name)!r}; expected one of {values}")
@@ -71,14 +71,15 @@ class Case:
         tp = layouts.tensor_parallel(self.layout)
         if tp is not None:
             why = why or layouts.tp_invalid(tp, self.world_size, self.shape) or (
-                None if self.optimizer == "muon" else f"tensor-parallel cases are Muon cases, not {self.optimizer}")
+                None if algorithms.entry(self.optimizer).tensor_parallel
+                else f"{self.optimizer} cases have no tensor-parallel layouts")
         if why:
             raise ValueError(f"Case: {why}")
         self._check_selection()
 
     def _check_selection(self) -> None:
         """fraction (and scope, when distributed) exactly for the selecting optimizers."""
-        if self.optimizer not in axes.SELECTING:
+        if not algorithms.entry(self.optimizer).selecting:
             if self.fraction is not None or self.scope is not None:
                 raise ValueError(f"Case: {self.optimizer} takes no fraction or selection scope")
             return

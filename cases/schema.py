@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cases import axes, layouts
+from cases import axes
 
 
 @dataclass(frozen=True)
@@ -154,39 +154,6 @@ def column_values(case: Any) -> dict[str, Any]:
     """Every case column's value for `case`."""
     return {c.name: c.value(case) for c in COLUMNS}
 
-
-@dataclass(frozen=True)
-class Axis:
-    """A `Case` field's domain, as the property tests draw it: `values` (the finite values the tiers and
-    strategies use) and, for an open numeric axis, `span` (lo, hi) of what else may be drawn;
-    `draw` says which: "values", "span", or "values|span" (either)."""
-
-    field: str
-    values: tuple[Any, ...]
-    span: tuple[float, float] | None = None
-    draw: str = "values"
-
-
-AXES: dict[str, Axis] = {a.field: a for a in (
-    Axis("optimizer", axes.OPTIMIZERS),
-    Axis("fraction", axes.FRACTIONS, (0.01, 1.0), "values|span"),
-    Axis("scope", axes.SCOPES),
-    Axis("layer", tuple(axes.all_layers())),
-    Axis("megabatch", axes.MEGABATCH_SIZES),
-    Axis("flatten", (False, True)),
-    Axis("param_dtype", axes.DTYPES),
-    Axis("compute_dtype", axes.DTYPES),
-    Axis("orthogonalizer", axes.ORTHOGONALIZERS),  # Gram NS: cases of its own generator (axes.GRAM)
-    Axis("adjust_lr", axes.ADJUST_LR),
-    Axis("nesterov", (False, True)),
-    Axis("weight_decay", axes.WEIGHT_DECAYS),
-    Axis("steps", axes.STEPS, (1, 3), "span"),
-    Axis("grad", axes.GRADIENTS),
-    Axis("seed", (0,), (0, 2**16), "span"),
-    Axis("layout", layouts.LAYOUTS),
-    Axis("world_size", (1, *layouts.NIGHTLY_WORLD_SIZES)),
-)}
-"""Every `Case` field's drawn domain (tensor-parallel layouts are spelled by cases/layouts.py, not listed)."""
 
 FILTERS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.filter)
 """The case columns the HTML report filters by."""

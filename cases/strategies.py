@@ -1,19 +1,54 @@
 """Hypothesis strategies over the same axes as the tiers, for property tests: each axis is drawn from
-its domain in cases/schema.py `AXES`."""
+its domain in `AXES`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
 
-from cases import axes, schema
+from cases import algorithms, axes, layouts
 from cases.case import Case
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A `Case` field's domain, as the property tests draw it: `values` (the finite values the tiers and
+    strategies use) and, for an open numeric axis, `span` (lo, hi) of what else may be drawn;
+    `draw` says which: "values", "span", or "values|span" (either)."""
+
+    field: str
+    values: tuple[Any, ...]
+    span: tuple[float, float] | None = None
+    draw: str = "values"
+
+
+AXES: dict[str, Axis] = {a.field: a for a in (
+    Axis("optimizer", algorithms.names()),
+    Axis("fraction", axes.FRACTIONS, (0.01, 1.0), "values|span"),
+    Axis("scope", axes.SCOPES),
+    Axis("layer", tuple(axes.all_layers())),
+    Axis("megabatch", axes.MEGABATCH_SIZES),
+    Axis("flatten", (False, True)),
+    Axis("param_dtype", axes.DTYPES),
+    Axis("compute_dtype", axes.DTYPES),
+    Axis("orthogonalizer", axes.ORTHOGONALIZERS),  # Gram NS: cases of its own generator (axes.GRAM)
+    Axis("adjust_lr", axes.ADJUST_LR),
+    Axis("nesterov", (False, True)),
+    Axis("weight_decay", axes.WEIGHT_DECAYS),
+    Axis("steps", axes.STEPS, (1, 3), "span"),
+    Axis("grad", axes.GRADIENTS),
+    Axis("seed", (0,), (0, 2**16), "span"),
+    Axis("layout", layouts.LAYOUTS),
+    Axis("world_size", (1, *layouts.NIGHTLY_WORLD_SIZES)),
+)}
+"""Every `Case` field's drawn domain (tensor-parallel layouts are spelled by cases/layouts.py, not listed)."""
 
 
 def axis(field: str) -> st.SearchStrategy[Any]:
     """A draw of `field` from its schema domain: its values (booleans for a boolean axis), its span, or either."""
-    domain = schema.AXES[field]
+    domain = AXES[field]
     if domain.values == (False, True):
         return st.booleans()
     values = st.sampled_from(domain.values)
@@ -34,7 +69,7 @@ def cases(draw: st.DrawFn, layers: tuple[str, ...] = tuple(axes.LAYERS),
     orth = draw(axis("orthogonalizer"))
     param_dtype, compute_dtype = draw(st.sampled_from([p for p in axes.DTYPE_PAIRS if axes.compute_ok(orth, p[1])]))
     optimizer = draw(st.sampled_from(optimizers))
-    selecting = optimizer in axes.SELECTING
+    selecting = algorithms.entry(optimizer).selecting
     fraction = draw(axis("fraction")) if selecting else None
     return Case(layer=layer, megabatch=draw(axis("megabatch")),
                 flatten=draw(axis("flatten")) if ndim > 2 else False,

@@ -12,10 +12,10 @@ every three axes appears in some case. That holds in particular for the axes tha
 
 CI uses the small layers, world sizes 2-4 and one seed; nightly the larger layers too, world
 sizes up to 8 and more seeds, and contains the CI tier. The gpu tier is a few hand-written cases of
-layers large enough to engage the GPU fast paths (axes.GPU_LAYERS), run on CUDA only. Dion2 and NorDion2 (whose fraction and
-selection scope are axes of their own) and the tensor-parallel layouts come from hand-written
-generators below, not yet from a covering array. Another generator (say, for a new algorithm) is one more entry of
-`GENERATORS`: a space's `cases_of`, or any function returning cases.
+layers large enough to engage the GPU fast paths (axes.GPU_LAYERS), run on CUDA only. The covering arrays
+vary the algorithms whose case entry says `covered` (cases/algorithms/); every algorithm adds its own
+generators (Dion2 and NorDion2: fraction and selection scope), and the tensor-parallel layouts and the
+orthogonalizer- and dtype-specific envelopes come from generators below.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import functools
 import itertools
 from typing import Callable, Iterable, Iterator
 
-from cases import axes, layouts
+from cases import algorithms, axes, layouts
 from cases.case import Case
 from cases.covering import Constraint, Space, covering_array
 
@@ -43,8 +43,8 @@ CONSTRAINTS = (
     Constraint(("param_dtype", "compute_dtype"), lambda p, c: (p, c) in axes.DTYPE_PAIRS,
                "(parameter, compute) dtype pairs of axes.DTYPE_PAIRS"),
     Constraint(("orthogonalizer", "compute_dtype"), axes.compute_ok, "svd never computes in bf16"),
-    Constraint(("optimizer", "layout"), lambda opt, layout: opt != "normuon" or layout != "shard1",
-               "NorMuon is replicated or row-sharded (its rows must stay whole)"),
+    Constraint(("optimizer", "layout"), lambda opt, layout: layout == "single" or layout in algorithms.entry(opt).layouts,
+               "the distributed layouts each algorithm allows (cases/algorithms/)"),
 )
 
 def _common(layers: Iterable[str], seeds: Iterable[int]) -> dict[str, tuple]:
@@ -54,7 +54,7 @@ def _common(layers: Iterable[str], seeds: Iterable[int]) -> dict[str, tuple]:
         "megabatch": axes.MEGABATCH_SIZES, "flatten": (False, True), "param_dtype": axes.DTYPES,
         "compute_dtype": axes.DTYPES, "orthogonalizer": axes.ORTHOGONALIZERS, "adjust_lr": axes.ADJUST_LR,
         "nesterov": (False, True), "weight_decay": axes.WEIGHT_DECAYS, "steps": axes.STEPS,
-        "grad": axes.GRADIENTS, "optimizer": tuple(o for o in axes.OPTIMIZERS if o not in axes.SELECTING),
+        "grad": axes.GRADIENTS, "optimizer": algorithms.covered(),
         "seed": tuple(seeds),
     }
 
@@ -90,69 +90,6 @@ SPACES: dict[str, dict[str, Space]] = {
 def cases_of(space: Space) -> list[Case]:
     """The cases of the covering array of `space`."""
     return [Case(**{a: v for a, v in row.items() if a not in DERIVED}) for row in covering_array(space)]
-
-
-def _flatten_values(layer: str) -> tuple[bool, ...]:
-    return (False, True) if len(axes.all_layers()[layer][1]) > 2 else (False,)
-
-
-_DION2_LAYERS = ("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d")
-"""Wide and tall matrices (rows or columns selected), every conv kind, tall convs (columns)."""
-_DION2_DTYPES = (("fp32", "fp32"), ("bf16", "bf16"), ("fp64", "fp64"), ("fp32", "bf16"), ("bf16", "fp32"))
-
-
-def _dion2(layers: tuple[str, ...], variants: int, dtypes: tuple[tuple[str, str], ...], seeds: range
-           ) -> Iterator[Case]:
-    """Dion2 and NorDion2 on one process: `variants` cases per optimizer x layer x flatten (both
-    ways), megabatch size, fraction, dtype pair, orthogonalizer, lr mode and decay cycling; three
-    steps, so the error feedback feeds later selections."""
-    cycle = itertools.count()
-    for optimizer, layer, seed in itertools.product(axes.SELECTING, layers, seeds):
-        for flatten, _ in itertools.product(_flatten_values(layer), range(variants)):
-            i = next(cycle)
-            pd, cd = dtypes[i % len(dtypes)]
-            orth = axes.ORTHOGONALIZERS[i % 3] if axes.compute_ok(axes.ORTHOGONALIZERS[i % 3], cd) else "polar_express"
-            yield Case(layer=layer, megabatch=axes.MEGABATCH_SIZES[i % 4], flatten=flatten, param_dtype=pd,
-                       compute_dtype=cd, orthogonalizer=orth, adjust_lr=axes.ADJUST_LR[i % 3], nesterov=False,
-                       weight_decay=(0.0, 0.1)[(i // 2) % 2], steps=3, grad="gaussian", seed=seed,
-                       optimizer=optimizer, fraction=axes.FRACTIONS[(i // 4) % 3])
-
-
-def _dion2_gradients(layer: str, grads: tuple[str, ...]) -> Iterator[Case]:
-    """Low-rank and degenerate gradients through the selection (zero: every norm ties)."""
-    for optimizer, grad in itertools.product(axes.SELECTING, grads):
-        yield Case(layer=layer, megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
-                   orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=False, weight_decay=0.0,
-                   steps=2, grad=grad, optimizer=optimizer, fraction=0.25)
-
-
-def _dion2_distributed(layers: tuple[str, ...], world_sizes: tuple[int, ...], seeds: range,
-                       every_size: bool) -> Iterator[Case]:
-    """Dion2 replicated, Shard(0) and Shard(1), NorDion2 replicated and Shard(0) (it needs whole
-    rows), both selection scopes; world sizes cycle (every_size: all of them), and so do the
-    fraction, megabatch size and orthogonalizer."""
-    cycle = itertools.count()
-    for optimizer, layer, scope, seed in itertools.product(axes.SELECTING, layers, axes.SCOPES, seeds):
-        layouts_ = ("replicated", "shard0") if optimizer == "nordion2" else layouts.DISTRIBUTED
-        for layout, ws in itertools.product(layouts_, world_sizes if every_size else (None,)):
-            i = next(cycle)
-            yield Case(layer=layer, megabatch=(1, 2, 3)[i % 3], flatten=len(axes.all_layers()[layer][1]) > 2,
-                       param_dtype="fp32", compute_dtype="fp32",
-                       orthogonalizer=("polar_express", "newton_schulz", "svd")[i % 3],
-                       adjust_lr=axes.ADJUST_LR[i % 3], nesterov=False, weight_decay=0.1, steps=3, grad="gaussian",
-                       seed=seed, optimizer=optimizer, layout=layout,
-                       world_size=ws or world_sizes[i % len(world_sizes)],
-                       fraction=(0.25, 0.5)[(i // 3) % 2], scope=scope)
-
-
-def _dion2_scope_dependence(world_sizes: tuple[int, ...]) -> Iterator[Case]:
-    """Dion2 on a row-sharded conv, both scopes, at every world size: the local scope's layout
-    dependence is measured per world size, the global scope's invariance judged."""
-    for scope, ws in itertools.product(axes.SCOPES, world_sizes):
-        yield Case(layer="conv2d", megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
-                   orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=False, weight_decay=0.1,
-                   steps=3, grad="gaussian", optimizer="dion2", layout="shard0", world_size=ws, fraction=0.25,
-                   scope=scope)
 
 
 def _bf16_envelope(layers: Iterable[str]) -> Iterator[Case]:
@@ -264,25 +201,23 @@ def _gpu_fast_paths() -> Iterator[Case]:
     yield case("conv2d_gpu", 1, "bf16", "bf16", "polar_express", "rms_norm", True, 0.0, 1, "gaussian")
 
 
+def algorithm_generators(tier: str) -> list[Callable[[], Iterable[Case]]]:
+    """The generators every algorithm adds to `tier` (cases/algorithms/), in registry order."""
+    return [g for e in algorithms.registry() for g in e.generators.get(tier, ())]
+
+
 GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
     "ci": [*(functools.partial(cases_of, s) for s in SPACES["ci"].values()),
            lambda: _bf16_envelope(axes.LAYERS),
            lambda: _gram_newton_schulz(axes.LAYERS, (("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16")), 2),
            lambda: _gram_peers(axes.LAYERS),
-           lambda: _dion2(_DION2_LAYERS, 2, _DION2_DTYPES, range(1)),
-           lambda: _dion2_gradients("conv2d", ("lowrank", "zero", "huge")),
-           lambda: _dion2_distributed(("conv2d", "linear_tall"), layouts.CI_WORLD_SIZES, range(1), every_size=False),
-           lambda: _dion2_scope_dependence(layouts.CI_WORLD_SIZES),
+           *algorithm_generators("ci"),
            _tensor_parallel_ci],
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
                 lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
                 lambda: _gram_peers(axes.all_layers()),
-                lambda: _dion2(tuple(axes.all_layers()), 6, axes.DTYPE_PAIRS, range(2)),
-                lambda: _dion2_gradients("conv2d_big", axes.GRADIENTS[1:]),
-                lambda: _dion2_distributed(("linear", "linear_tall", "conv1d", "conv2d", "conv2d_tall", "conv3d",
-                                            "conv2d_big"), layouts.NIGHTLY_WORLD_SIZES, range(1), every_size=True),
-                lambda: _dion2_scope_dependence(layouts.NIGHTLY_WORLD_SIZES),
+                *algorithm_generators("nightly"),
                 lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big"))],
     "gpu": [_gpu_fast_paths],
 }

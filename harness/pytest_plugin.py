@@ -141,7 +141,7 @@ class BackendCases(pytest.Collector):
         self.session_plugin = session_plugin
 
     def collect(self) -> list[CaseItem]:
-        from harness import backends
+        from harness.running import backends
 
         accepts = backends.get(self.backend).accepts
         return [CaseItem.from_parent(self, name=case.id, case=case, backend=self.backend,
@@ -157,7 +157,7 @@ class ConformanceSession:
     def __init__(self, config: pytest.Config) -> None:
         from cases import TIERS
         from harness.runner import BACKENDS
-        from harness.selection import select
+        from harness.running.selection import select
         from harness.targets import TargetError, load_target
 
         self.config = config
@@ -192,7 +192,7 @@ class ConformanceSession:
             except OSError as exc:
                 raise pytest.UsageError(f"--muon-out {self.out}: cannot create it ({exc.strerror})") from None
         self.records: dict[str, list[Record]] = {}
-        from harness.details import Pictures
+        from harness.judging.details import Pictures
 
         self.pictures = Pictures()
         """This process's worst reference checks; xdist workers send theirs to the controller at the end."""
@@ -204,7 +204,7 @@ class ConformanceSession:
 
     def rerun(self, case: Case, backend: str) -> str:
         """The pytest command that reruns `case` alone on `backend`."""
-        return shlex.join(["pytest", "-p", "harness.pytest_plugin", f"--muon-target={self.spec}",
+        return shlex.join(["pytest", "-p", "harness.apps.pytest_plugin", f"--muon-target={self.spec}",
                            f"--muon-backend={backend}", f"--muon-select={case.id}"])
 
     @property
@@ -240,7 +240,7 @@ class ConformanceSession:
         """xdist controller: keep the worst pictures of a worker that finished."""
         import numpy as np
 
-        from harness.checks import Evidence
+        from harness.judging.checks import Evidence
         from reports import Record
 
         for record, (where, judged, reference) in getattr(node, "workeroutput", {}).get(PICTURES, []):
@@ -255,10 +255,11 @@ class ConformanceSession:
         self.incomplete = self._incomplete(session)
         if self.out is None:
             return
-        from harness.outputs import write_run
+        import torch
+
+        from harness.apps.outputs import write_run
         from reports import RunInfo
         from reports.store import project_commit
-        import torch
 
         records = [r for node in sorted(self.records) for r in self.records[node]]
         args = self.config.invocation_params.args

@@ -1,8 +1,8 @@
 """Runs cases against a target and turns every check into a `Record`.
 
 One path for every layout: the target steps a case over its layout and every check judges the
-pieces that came back (harness/distributed_checks.py). A single-process case (world size 1) steps
-here (cpu or cuda backend); a distributed one on a pool of ranks (gloo or nccl, harness/pool.py),
+pieces that came back (harness/judging/distributed_checks.py). A single-process case (world size 1) steps
+here (cpu or cuda backend); a distributed one on a pool of ranks (gloo or nccl, harness/running/pool.py),
 or on the ranks of torchrun.
 """
 
@@ -21,15 +21,17 @@ from typing import Callable, Iterable, TextIO
 import torch
 
 from cases import Case, schema
-from harness import backends, diagnosis, distributed_checks
-from harness.backends import Backend
-from harness.checks import Outcome
-from harness.details import Pictures
-from harness.distributed_checks import Pieces
-from harness.inputs import Inputs, make_inputs
-from harness.pool import TorchrunRanks, pools
-from harness.progress import PROGRESS_SECONDS, Progress
-from harness.targets.base import Target
+from harness.judging import diagnosis, registry
+from harness.judging.checks import Outcome
+from harness.judging.details import Pictures
+from harness.judging.distributed_checks import Pieces
+from harness.running import backends
+from harness.running.backends import Backend
+from harness.running.inputs import Inputs, make_inputs
+from harness.running.pool import TorchrunRanks, pools
+from harness.running.progress import PROGRESS_SECONDS, Progress
+from harness.running.ranks import rank_trajectory
+from harness.targets.base import Target, why_unsupported
 from reports import Record
 
 BACKENDS = tuple(backends.BACKENDS)
@@ -103,7 +105,7 @@ def _pieces(case: Case, target: Target, target_spec: str, backend: Backend, inpu
             return [target.run(inputs.params, inputs.grads, case)]
         except Exception:
             return "target raised: " + traceback.format_exc(limit=4)
-    args = (distributed_checks.rank_trajectory, case.id, target_spec)
+    args = (rank_trajectory, case.id, target_spec)
     result = (pools().run(backend.name, case.world_size, *args, timeout=timeout) if ranks is None
               else ranks.run(case.world_size, *args))
     if result is None:
@@ -126,7 +128,7 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
     timeout applies). `pictures` keeps the evidence of the worst reference checks for the report."""
     chosen = backends.get(backend) if backend is not None else backends.natural(case)
     repro = repro_command(case, target_spec, chosen.name)
-    names = distributed_checks.applicable(case)
+    names = registry.applicable(case)
     driver = ranks is None or ranks.is_driver
 
     def every(status: str, message: str, seconds: float = 0.0) -> list[Record]:
@@ -136,7 +138,7 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
     if not chosen.accepts(case):
         kind = "distributed" if chosen.distributed else "single-process"
         return every("skipped", f"backend {chosen.name} runs {kind} cases; this case is {case.layout_detail}")
-    reason = distributed_checks.unsupported(target, case)
+    reason = why_unsupported(target, case)
     if reason is not None:
         return every("unsupported", reason)
     why = chosen.unavailable(case, ranks.world_size if ranks is not None else None)
@@ -156,14 +158,14 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
         return every("error", pieces, time.perf_counter() - start)
     assert inputs is not None, "only the driver gets pieces"
     return _judge(case, target, chosen.name, repro,
-                  {n: (lambda n=n: distributed_checks.check(case, n)(case, target, inputs, pieces)) for n in names},
+                  {n: (lambda n=n: registry.judge(n)(case, target, inputs, pieces)) for n in names},
                   pictures)
 
 
 def judged_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
                 ranks: TorchrunRanks | None = None, timeout: float | None = None,
                 pictures: Pictures | None = None) -> list[Record]:
-    """`run_case`'s records of `case`, each with its diagnosis (harness/diagnosis.py)."""
+    """`run_case`'s records of `case`, each with its diagnosis (harness/judging/diagnosis.py)."""
     return diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, ranks, timeout, pictures))
 
 
@@ -223,7 +225,7 @@ def run(cases: Iterable[Case], target: Target, target_spec: str, backend: str = 
         pictures: Pictures | None = None, jobs: int = 1, threads: int | None = None) -> list[Record]:
     """Run the `cases` that `backend` accepts (single-process or distributed), each distributed one
     within `timeout` seconds (see `run_case`); prints each failing check and a progress line at
-    least every `interval` seconds (harness/progress.py). Under torchrun only rank 0 prints and
+    least every `interval` seconds (harness/running/progress.py). Under torchrun only rank 0 prints and
     gets records. `Stop` or KeyboardInterrupt ends the run with `Interrupted`, which carries the
     records of the cases finished before it (the case it interrupted is dropped).
 

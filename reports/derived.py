@@ -5,7 +5,7 @@
             for an interrupted run
   title     "<verdict>: Muon conformance of <target>, <tier> tier", the first line of every report
   allowed   the whole allowance of a check in rel_err's units, rel_err / ratio =
-            (rtol ||delta_ref|| + storage_ulps ||ulp(x_ref)||) / ||delta_ref||  (harness.metrics);
+            (rtol ||delta_ref|| + storage_ulps ||ulp(x_ref)||) / ||delta_ref||  (harness.judging.metrics);
             a check passes iff rel_err <= allowed. The `tolerance` column holds rtol alone.
 """
 

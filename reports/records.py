@@ -39,7 +39,7 @@ SCHEMA_VERSION = 4
   1  the columns case_id .. seconds; run.json unversioned (runs stored before versioning)
   2  schema_version in run.json and in results.parquet's metadata; run.json also holds
      complete, selection, interrupted and the SHA-256 and size of results.parquet and results.csv
-  3  the column diagnosis: the likely kind of bug behind a failing case (harness/diagnosis.py)
+  3  the column diagnosis: the likely kind of bug behind a failing case (harness/judging/diagnosis.py)
   4  a column for every case axis the id names and no column held: adjust_lr, nesterov, weight_decay,
      steps, grad, seed, fraction, scope (cases/schema.py); a run stored before gets them from its ids
 """

@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from snapshots import differences, snapshot
 
-from harness.checkpoint import differences, snapshot
 from optimizers import Muon, NorMuon
 
 

@@ -1,5 +1,5 @@
 """The megabatch relation is bitwise in fp64 exactly where this platform's batched products do not
-depend on the stack size (harness/batch_invariance.py), and judged with its tolerance elsewhere: a
+depend on the stack size (harness/judging/batch_invariance.py), and judged with its tolerance elsewhere: a
 Dion2 megabatch whose selected 9 x 20 submatrices hit such products passes, and a megabatch defect
 still fails there."""
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from cases import Case
-from harness import batch_invariance
-from harness.inputs import make_inputs
+from harness.apps.selftest_catalog import BY_NAME, spec
+from harness.judging import batch_invariance
 from harness.runner import run_case
-from harness.selftest_catalog import BY_NAME, spec
+from harness.running.inputs import make_inputs
 from harness.targets import load_target
 from optimizers.orthogonalize import orthogonalize
 

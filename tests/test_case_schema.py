@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cases import Case, schema, tier
+from cases import Case, schema, strategies, tier
 from reports.html import FILTER_COLUMNS, render_html
 from reports.records import COLUMNS, REQUIRED, SCHEMA_VERSION, Record
 
@@ -19,7 +19,7 @@ def test_every_case_field_is_spelled_by_exactly_one_token_and_has_a_domain():
     spelled = [name for token in schema.TOKENS for name in token.fields]
     fields = [f.name for f in dataclasses.fields(Case)]
     assert sorted(spelled) == sorted(fields)
-    assert set(schema.AXES) == set(fields)
+    assert set(strategies.AXES) == set(fields)
 
 
 def test_the_parser_takes_the_required_tokens_up_to_all_of_them():
@@ -73,8 +73,8 @@ def test_the_property_tests_draw_each_axis_from_its_schema_domain(monkeypatch):
 
     from cases.strategies import cases
 
-    monkeypatch.setitem(schema.AXES, "megabatch", dataclasses.replace(schema.AXES["megabatch"], values=(5,)))
-    monkeypatch.setitem(schema.AXES, "adjust_lr", dataclasses.replace(schema.AXES["adjust_lr"], values=("rms_norm",)))
+    monkeypatch.setitem(strategies.AXES, "megabatch", dataclasses.replace(strategies.AXES["megabatch"], values=(5,)))
+    monkeypatch.setitem(strategies.AXES, "adjust_lr", dataclasses.replace(strategies.AXES["adjust_lr"], values=("rms_norm",)))
     drawn = []
 
     # timing is not under test here, and this 2-core machine is shared: no deadline, no too_slow check

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-from cases import Case, ci_cases, gradient, initial_parameter, matrix_shape, nightly_cases, tier
-from cases import axes
-from harness.checks import applicable
+from cases import Case, axes, ci_cases, gradient, initial_parameter, matrix_shape, nightly_cases, tier
+from harness.judging.registry import applicable
 
 KNOWN = Case(layer="conv2d", megabatch=3, flatten=True, param_dtype="bf16", compute_dtype="fp32",
              orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=True, weight_decay=0.1,

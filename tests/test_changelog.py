@@ -1,7 +1,7 @@
 """Release hygiene: every change to the tolerance policy or the record columns is in CHANGELOG.md.
 
 A digest of each is recorded in the changelog entry that last changed it. When the policy table
-(every constant of harness/tolerance.py) or the columns of reports.records.Record change, the
+(every constant of harness/policy/tolerance.py) or the columns of reports.records.Record change, the
 digest changes and this test fails until a changelog entry says why and records the new digest.
 """
 
@@ -16,7 +16,7 @@ import re
 import types
 from pathlib import Path
 
-from harness import tolerance
+from harness.policy import tolerance
 from reports.records import Record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ def policy_constants(module: types.ModuleType) -> dict[str, object]:
 
 
 def policy_values() -> dict[str, object]:
-    """What decides a tolerance: harness/tolerance.py's constants and the measured worst errors it
+    """What decides a tolerance: harness/policy/tolerance.py's constants and the measured worst errors it
     reads (harness/tolerance_measured/*.json, entries only: re-measuring the same worsts is no change)."""
     constants = {k: v for k, v in policy_constants(tolerance).items() if k != "MEASURED_DIR"}
     measured = {path.name: json.loads(path.read_text())["entries"]
@@ -93,7 +93,7 @@ def test_changelog_records_the_current_tolerance_policy():
     text = CHANGELOG.read_text()
     wanted = f"tolerance policy `{policy_digest()}`"
     assert wanted in text, (
-        f"harness/tolerance.py changed: add a CHANGELOG.md entry under Unreleased that says which "
+        f"harness/policy/tolerance.py changed: add a CHANGELOG.md entry under Unreleased that says which "
         f"tolerance changed and why, ending with: Digest: {wanted}.")
 
 

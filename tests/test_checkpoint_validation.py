@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from snapshots import rejected_load_problems
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from harness.checkpoint import rejected_load_problems
-from harness.pool import pools
+from harness.running.pool import pools
 from optimizers import Muon, NorMuon
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-import harness.cli as cli
-from harness.progress import Progress
+import harness.apps.cli as cli
+from harness.running.progress import Progress
 from reports.records import Record, RunInfo
 from reports.store import save_run
 

@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from cases import Case
-from harness.checks import reference
-from harness.inputs import make_inputs
+from harness.judging.checks import reference
+from harness.running.inputs import make_inputs
 from harness.targets.base import OptimizerTarget
 from harness.targets.ours import OursMuon
 from oracles import Conventions, MuonHyper, Orthogonalizer, reference_muon_step
-from oracles.coefficients import (GNS_SAFETY, POLAR_EXPRESS_RAW, POLAR_EXPRESS_SAFETY_102, YOU_QUINTICS,
-                                  safety_scaled)
+from oracles.coefficients import GNS_SAFETY, POLAR_EXPRESS_RAW, POLAR_EXPRESS_SAFETY_102, YOU_QUINTICS, safety_scaled
 from oracles.muon_reference import DebiasedMomentum, apply_update, momentum_and_direction, orthogonalized_direction
 from oracles.normuon_reference import NorMuonHyper, initial_variance, normalise_rows
 from oracles.rounding import round_to

@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 
 from cases import Case
-from harness import diagnosis
+from harness.apps.selftest_catalog import BY_NAME, spec
+from harness.judging import diagnosis
 from harness.runner import run_case
-from harness.selftest_catalog import BY_NAME, spec
 from harness.targets import load_target
 from reports import Record
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from harness.apps import cli
 from reports import Record, RunInfo, diff_runs, save_run
 
 CASE = "muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/rms_norm/plain/wd0.1/steps2/gaussian/seed0/shard0/ws3"

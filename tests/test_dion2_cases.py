@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from cases import Case
-from harness import checks, distributed_checks
-from harness.algorithms import ALGORITHMS, algorithm, selection_blocks
+from harness.algorithms import algorithm
+from harness.algorithms.dion2 import selection_blocks
+from harness.judging import registry
 
 BASE = Case(layer="conv2d", megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
             orthogonalizer="polar_express", adjust_lr="spectral_norm", nesterov=False, weight_decay=0.1, steps=3,
@@ -64,21 +65,21 @@ def test_local_scope_blocks_follow_the_split_of_the_selected_side():
     assert selection_blocks(dist(noflat, "shard1", 3, "local")) == [2, 2, 0]
     assert selection_blocks(dist(noflat, "shard0", 3, "local")) is None             # the batch dim
     nor = dataclasses.replace(tall, optimizer="nordion2")                           # NorDion2: rows always
-    assert selection_blocks(dist(nor, "shard0", 3, "local")) == [14, 14, 12]
+    assert algorithm(dist(nor, "shard0", 3, "local")).local_blocks(dist(nor, "shard0", 3, "local")) == [14, 14, 12]
 
 
 def test_distributed_checks_judge_layout_invariance_only_where_it_holds():
-    assert "layout" in distributed_checks.applicable(dist(BASE, "shard0", 3, "global"))
-    assert "layout" not in distributed_checks.applicable(dist(BASE, "shard0", 3, "local"))
-    assert "layout" in distributed_checks.applicable(dist(BASE, "shard1", 3, "local"))  # scopes coincide
+    assert "layout" in registry.applicable(dist(BASE, "shard0", 3, "global"))
+    assert "layout" not in registry.applicable(dist(BASE, "shard0", 3, "local"))
+    assert "layout" in registry.applicable(dist(BASE, "shard1", 3, "local"))  # scopes coincide
     nor = dataclasses.replace(BASE, optimizer="nordion2")
-    assert "layout" not in distributed_checks.applicable(dist(nor, "shard0", 3, "global"))  # shard-local norm
-    assert "layout" in distributed_checks.applicable(dist(nor, "replicated", 3, "global"))
+    assert "layout" not in registry.applicable(dist(nor, "shard0", 3, "global"))  # shard-local norm
+    assert "layout" in registry.applicable(dist(nor, "replicated", 3, "global"))
 
 
 def test_fraction1_relation_applies_to_fraction_one_only():
     one = dataclasses.replace(BASE, fraction=1.0)
-    assert "fraction1" in checks.applicable(one) and "fraction1" not in checks.applicable(BASE)
+    assert "fraction1" in registry.applicable(one) and "fraction1" not in registry.applicable(BASE)
     twin = algorithm(one).equivalent(one)
     assert twin.optimizer == "muon" and twin.momentum == one.ef_decay and not twin.nesterov
     nor = dataclasses.replace(one, optimizer="nordion2")
@@ -91,7 +92,7 @@ def test_selection_ties_are_ill_posed_and_clear_margins_are_not():
     assert rule.ill_posed(BASE, 1e-3) is None and rule.ill_posed(BASE, math.inf) is None
     bf16 = dataclasses.replace(BASE, param_dtype="bf16", compute_dtype="bf16")
     assert rule.ill_posed(bf16, 1e-3)                      # a bf16 momentum cannot resolve 1e-3
-    assert ALGORITHMS["muon"].ill_posed(BASE, 0.0) is None  # Muon selects nothing
+    assert algorithm("muon").ill_posed(BASE, 0.0) is None  # Muon selects nothing
 
 
 def test_unknown_algorithm_is_named():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from optimizers.algorithms.dion2 import (error_feedback, gather_selected, reduced_dims, scatter_selected,
-                                         select_count, selects_rows, slice_norms, top_k_mask)
+from optimizers.algorithms.dion2 import (error_feedback, gather_selected, reduced_dims, scatter_selected, select_count,
+                                         selects_rows, slice_norms, top_k_mask)
 from oracles import select
 
 GEN = torch.Generator().manual_seed(7)

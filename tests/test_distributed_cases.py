@@ -89,7 +89,7 @@ def test_cli_under_torchrun_runs_the_same_cases_without_spawning(tmp_path):
 def test_gpu_backends_judge_relations_with_tolerance_not_bitwise():
     """cuBLAS picks kernels by batch size (an H200 gave 1e-15 relative differences in fp64 between a
     megabatch and its members alone), so GPU backends never demand bitwise relations; CPU ones do."""
-    from harness.backends import BACKENDS, judged_as
+    from harness.running.backends import BACKENDS, judged_as
     from harness.targets import load_target
 
     ours = load_target("ours")
@@ -103,14 +103,14 @@ DION2_PIECE = "dion2-f0.25-local/conv3d-6x3x2x3x3/mb2/flat/fp32@fp32/ns/rms_norm
 
 
 def test_a_piece_may_hold_the_whole_steps_allowance_and_no_more():
-    """local_shard's contract (harness.distributed_checks.piece_tolerance): a piece may hold at most
+    """local_shard's contract (harness.judging.distributed_checks.piece_tolerance): a piece may hold at most
     the error the whole is allowed, rtol x ||update||, relative to the piece rtol / share. Tighter
     bounds fail correct steps: the Dion2 case below put 90% of a step's error in rank 0's piece (41%
     of the update; with the whole's rtol it failed at ratio 1.02 while the whole passed at 0.71), and
     on NCCL the fp32 SVD of a 1 x 16 row put 2.3 x the whole's relative error into one rank's columns
     (k = 1 singular direction: a sqrt(k) bound failed it at 1.09)."""
-    from harness.distributed_checks import piece_tolerance
-    from harness.tolerance import Tolerance
+    from harness.judging.distributed_checks import piece_tolerance
+    from harness.policy.tolerance import Tolerance
 
     case = Case.from_id(DION2_PIECE)
     whole = Tolerance(1e-6, 1.0, "derived")
@@ -119,7 +119,7 @@ def test_a_piece_may_hold_the_whole_steps_allowance_and_no_more():
     assert piece_tolerance(case, whole, 0.0).rtol == pytest.approx(1e-6)  # unmoved piece: storage rounding
     assert "1 / its share 0.2" in piece_tolerance(case, whole, 0.2).source
     # an error confined to one piece beyond the whole's allowance fails
-    from harness.metrics import compare_step
+    from harness.judging.metrics import compare_step
     rng = np.random.default_rng(0)
     prev, ref = rng.standard_normal(4), rng.standard_normal(4)
     upd = ref - prev

@@ -8,8 +8,8 @@ from torch.distributed.tensor import DTensor, Shard
 
 import optimizers
 from cases import Case
-from harness.pool import pools
 from harness.runner import run_case
+from harness.running.pool import pools
 from harness.targets import load_target
 
 TAIL = "/fp32@fp32/pe/spectral_norm/plain/wd0.1/steps3/gaussian/seed0"

@@ -16,7 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Shard
 
 import optimizers
-from harness.pool import pools
+from harness.running.pool import pools
 
 
 class _Net(nn.Module):

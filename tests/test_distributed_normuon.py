@@ -11,8 +11,8 @@ from torch.distributed.tensor import DTensor, Shard
 
 import optimizers
 from cases import Case
-from harness.pool import pools
 from harness.runner import run_case
+from harness.running.pool import pools
 from harness.targets import load_target
 
 SHARDED = "normuon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0/shard0/ws3"

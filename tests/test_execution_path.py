@@ -11,9 +11,9 @@ import torch
 
 import optimizers
 from cases import Case
-from harness import distributed_checks
+from harness.judging import registry
 from harness.runner import run_case
-from harness.targets.base import OptimizerTarget
+from harness.targets.base import OptimizerTarget, distributed_maker
 from harness.targets.ours import OursMuon
 from harness.targets.tp_controls import per_shard_as_gather
 
@@ -48,18 +48,18 @@ def statuses(target: Any, spec: str, case: Case) -> dict[str, str]:
 
 def test_ours_reaches_the_ranks_through_the_protocol_method():
     target = OursMuon()
-    maker = distributed_checks.distributed_maker(target)
+    maker = distributed_maker(target)
     assert maker is not None and maker.__func__ is OursMuon.make_distributed
-    assert distributed_checks.distributed_maker(ThirdParty()) is None
+    assert distributed_maker(ThirdParty()) is None
 
 
 def test_an_outside_adapter_with_make_distributed_runs_every_layout_as_ours_does():
     for case in (SINGLE, SHARDED):
         got = statuses(ThirdPartyDistributed(), "tests.test_execution_path:ThirdPartyDistributed", case)
         assert got == statuses(OursMuon(), "ours", case)
-        assert set(got) == set(distributed_checks.applicable(case)) and set(got.values()) == {"pass"}
-    assert "local_shard" in distributed_checks.applicable(SHARDED)
-    assert "local_shard" not in distributed_checks.applicable(SINGLE)
+        assert set(got) == set(registry.applicable(case)) and set(got.values()) == {"pass"}
+    assert "local_shard" in registry.applicable(SHARDED)
+    assert "local_shard" not in registry.applicable(SINGLE)
 
 
 def test_a_target_without_make_distributed_is_unsupported_on_ranks_and_runs_alone():

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from cases import Case
-from harness.checks import reference
-from harness.inputs import make_inputs
-from harness.robust_checks import probe_check
+from harness.judging.checks import reference
+from harness.judging.robust_checks import probe_check
+from harness.running.inputs import make_inputs
 from harness.targets.base import OptimizerTarget
 from harness.targets.ours import OursMuon
 from oracles import Conventions, Orthogonalizer

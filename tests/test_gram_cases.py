@@ -1,12 +1,11 @@
 """Gram Newton-Schulz in the harness: its cases in the tiers, its oracle (the spectral map of the same
 schedule), its own tolerance key, and a broken Gram iteration that the harness flags."""
 
-import numpy as np
 import pytest
 import torch
 
 from cases import Case, axes, matrix_shape, tier
-from harness import tolerance
+from harness.policy import tolerance
 from harness.runner import run_case
 from harness.targets.ours import OursMuon
 from optimizers import gram_newton_schulz as gram

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from cases import Case
-from harness import tolerance
-from harness import checks
-from harness.checks import applicable
-from harness.inputs import make_inputs
-from harness.metrics import compare_step
+from harness.judging import checks
+from harness.judging.metrics import compare_step
+from harness.judging.registry import applicable
+from harness.policy import tolerance
+from harness.policy.bounds import STORAGE_ULPS
 from harness.runner import run_case
-from harness.selection import select
+from harness.running.inputs import make_inputs
+from harness.running.selection import select
 from harness.targets import TargetError, load_target
 from reports import read_csv
 
@@ -40,8 +41,8 @@ def test_compare_step_zero_update_and_non_finite():
 def test_storage_allowance_covers_one_ulp_of_rounding():
     ref = np.array([0.1, 0.2, 0.3])
     stored = np.array([np.float32(v) for v in ref], dtype=np.float64)
-    assert compare_step(np.zeros(3), stored, ref, "fp32", 0.0, tolerance.STORAGE_ULPS).ratio <= 1.0
-    assert compare_step(np.zeros(3), stored * (1 + 1e-6), ref, "fp32", 0.0, tolerance.STORAGE_ULPS).ratio > 1.0
+    assert compare_step(np.zeros(3), stored, ref, "fp32", 0.0, STORAGE_ULPS).ratio <= 1.0
+    assert compare_step(np.zeros(3), stored * (1 + 1e-6), ref, "fp32", 0.0, STORAGE_ULPS).ratio > 1.0
 
 
 def _policy(case_id, target="ours"):

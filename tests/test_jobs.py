@@ -8,11 +8,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-import harness.cli as cli
+import harness.apps.cli as cli
 from harness import runner
-from harness.details import Detail, Pictures
+from harness.judging.details import Detail, Pictures
+from harness.running.selection import select
 from harness.targets import load_target
-from harness.selection import select
 from reports import load_run
 
 SELECT = "linear-12x20/mb2/noflat/fp32@bf16/pe"
@@ -84,7 +84,8 @@ def test_a_large_error_is_pooled_for_its_picture_and_a_small_one_is_not(monkeypa
     blocks (each the largest |err| of its block, so the worst element still shows), and `where` says so;
     a CI or nightly sized error is kept element by element."""
     import numpy as np
-    from harness import checks, details
+
+    from harness.judging import details, outcome
     rng = np.random.default_rng(0)
     small = rng.standard_normal((384, 96))
     assert details.pooled(small)[0] is small
@@ -100,7 +101,7 @@ def test_a_large_error_is_pooled_for_its_picture_and_a_small_one_is_not(monkeypa
     keeper = details.Pictures()
     record = runner._record(select("gpu", ["conv2d_gpu"])[0], load_target("ours"), "reference", "pass", "cuda",
                             "", 0.0, ratio=0.5)
-    keeper.offer(record, checks.Evidence("member 0 step 1", mid, np.zeros_like(mid)))
+    keeper.offer(record, outcome.Evidence("member 0 step 1", mid, np.zeros_like(mid)))
     (detail,) = keeper.details()
     assert detail.error.shape == cells.shape and cells.size <= 64 and f"{block} x {block} block" in detail.where
 

@@ -5,14 +5,14 @@ import copy
 import numpy as np
 import pytest
 import torch
+from snapshots import rejected_load_problems
 
 from cases import Case
-from harness.checkpoint import rejected_load_problems
 from harness.runner import run_case
 from harness.targets import load_target
 from optimizers import Muon, NorMuon
-from optimizers.checkpoint import LAYOUT_VERSION
 from optimizers.algorithms.normuon import variance_shape
+from optimizers.checkpoint import LAYOUT_VERSION
 from oracles import Conventions, NorMuonHyper, Orthogonalizer, initial_variance, reference_normuon_step
 
 CONV = "normuon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0"

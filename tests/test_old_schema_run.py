@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from cases import Case, schema
-from harness.cli import main
+from harness.apps.cli import main
 from reports import diff_runs
 from reports.records import SCHEMA_VERSION, Record, from_row, read_csv
 from reports.store import load_run

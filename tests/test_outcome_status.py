@@ -7,8 +7,8 @@ import copy
 import dataclasses
 
 from cases import Case
-from harness import checks, distributed_checks
-from harness.inputs import make_inputs
+from harness.judging import checks, distributed_checks
+from harness.running.inputs import make_inputs
 from harness.targets.ours import OursMuon
 from oracles import Conventions
 

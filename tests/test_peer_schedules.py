@@ -10,16 +10,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_tolerance import (
+    MEASURE,  # benchmarks/measure_tolerances.py, loaded once there
+)
 
 from cases import Case, tier
-from harness import tolerance
-from harness.checks import reference
-from harness.inputs import make_inputs
+from harness.judging.checks import reference
+from harness.policy import tolerance
 from harness.runner import run_case
+from harness.running.inputs import make_inputs
 from harness.targets import load_target
 from harness.targets.ours import OursMuon
 from oracles import Orthogonalizer
-from test_tolerance import MEASURE  # benchmarks/measure_tolerances.py, loaded once there
 
 ROW_YOU = "muon/linear_row-1x16/mb2/noflat/fp32@fp32/ns/{lr}/nesterov/wd0/steps3/lowrank/seed0"
 """The CI case of the false alarm (lr spectral_norm); with lr none our optimizer's step on a 1 x 16 matrix
@@ -92,7 +94,7 @@ def test_an_unnamed_schedule_is_unsupported_with_how_to_measure_it():
     got = {r.check: r for r in run_case(Case.from_id(ROW_YOU.format(lr="none")), Unnamed(), "test")}
     assert got["reference"].status == "unsupported"
     assert "no entry for muon fp32@fp32/poly-mild:x" in got["reference"].message
-    assert "harness.tolerance.SCHEDULES" in got["reference"].message
+    assert "harness.policy.tolerance.SCHEDULES" in got["reference"].message
 
 
 def test_a_correct_muon_with_you_quintics_passes_the_false_alarm_case():
@@ -128,7 +130,7 @@ def test_you_quintics_declared_as_keller_jordans_still_fail():
 def test_probe_flags_a_target_declaring_cautious_decay_that_decays_everything():
     """Negative control of the cautious decay relation: our Muon (which decays every entry) declared as
     cautious fails it; declared as it is, it passes."""
-    from harness.robust_checks import probe_check
+    from harness.judging.robust_checks import probe_check
 
     class CautiousClaim(OursMuon):
         def conventions(self, case):
@@ -152,7 +154,8 @@ NORM_NS = "muon/linear_row-1x16/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/
 
 def robust_noise_keys(alias: str) -> set[str]:
     """The noise keys the robust checks read for adapter `alias` over the CI cases they judge."""
-    from harness.robust_checks import noise_key, robust_applicable
+    from harness.judging.registry import robust_applicable
+    from harness.judging.robust_checks import noise_key
 
     target = load_target(alias)
     if alias in CPU_DTYPES and target.module is None:
@@ -169,14 +172,14 @@ def robust_noise_keys(alias: str) -> set[str]:
 def test_every_builtin_peer_noise_key_is_measured(alias):
     """Each bf16 noise key a built-in peer's robust checks read is in harness/bf16_noise.json (an unmeasured
     one would leave its checks `skipped`)."""
-    from harness.robust_checks import _noise
+    from harness.judging.robust_checks import _noise
 
     missing = robust_noise_keys(alias) - set(_noise())
     assert not missing, f"{alias}: unmeasured bf16 noise keys {sorted(missing)}"
 
 
 def test_noise_keys_name_the_declared_schedule_and_tiny_eps():
-    from harness.robust_checks import noise_key
+    from harness.judging.robust_checks import noise_key
 
     pe, ns = Case.from_id(NORM_PE), Case.from_id(NORM_NS)
     dion = lambda case: load_target("dion").conventions(case).orthogonalizer  # noqa: E731  (no peer needed)
@@ -200,7 +203,7 @@ def test_a_correct_muon_with_dions_schedule_passes_norm_and_misdeclared_fails(ca
     """Ours running dion's schedule with dion's eps passes `norm` under the key of what it declares; the same
     run declared as ours (Keller Jordan's quintic / our Polar Express, eps 1e-7) is judged by the wrong noise:
     NORM_PE fails (decay 1.4x ours' allowance)."""
-    from harness.robust_checks import norm_check
+    from harness.judging.robust_checks import norm_check
 
     class Misdeclared(MEASURE.DeclaredSchedule):
         def conventions(self, case):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from cases import Case
-from harness.checks import reference
-from harness.inputs import make_inputs
+from harness.judging.checks import reference
 from harness.runner import run_case
+from harness.running.inputs import make_inputs
 from harness.targets import ALIASES, load_target
 from harness.targets.peers import PeerTarget
 
@@ -176,7 +176,7 @@ def test_dtensor_muon_rounds_its_decay_to_bf16_for_fp32_parameters():
     the parameter (the default) fails `probe` (it did at 2415 before the convention)."""
     import dataclasses
 
-    from harness.robust_checks import probe_check
+    from harness.judging.robust_checks import probe_check
 
     case = Case.from_id("muon/linear-12x20/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0")
     target = load_target("dtensor-muon")

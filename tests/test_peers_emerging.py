@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from cases import Case
-from harness.checks import reference
-from harness.inputs import make_inputs
+from harness.judging.checks import reference
 from harness.runner import run_case
+from harness.running.inputs import make_inputs
 from harness.targets import ALIASES, load_target
 from harness.targets.peers import emerging_optimizers as adapter
 from oracles import Orthogonalizer

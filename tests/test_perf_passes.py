@@ -12,7 +12,7 @@ import torch
 from optimizers import Muon
 from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
 from optimizers.algorithms.muon import momentum_direction, momentum_directions
-from optimizers.coefficients import POLAR_EXPRESS, NEWTON_SCHULZ_QUINTIC
+from optimizers.coefficients import NEWTON_SCHULZ_QUINTIC, POLAR_EXPRESS
 from optimizers.gram_newton_schulz import normalised, plus_identity
 from optimizers.norms import frobenius
 from optimizers.orthogonalize import orthogonalize
@@ -196,4 +196,5 @@ def test_a_large_wide_result_is_applied_in_the_compute_dtype_with_the_same_bits(
     assert plan.direct_dtype(NORMUON_RECORD, group, example, fused=True) is None
 
 
-from optimizers.algorithms import MUON as MUON_RECORD, NORMUON as NORMUON_RECORD  # noqa: E402
+from optimizers.algorithms import MUON as MUON_RECORD  # noqa: E402
+from optimizers.algorithms import NORMUON as NORMUON_RECORD

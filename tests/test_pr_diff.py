@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import pr_diff
+from harness.apps import pr_diff
 from reports import COLUMNS, RunInfo, load_run, save_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main as harness_main
+from harness.apps.cli import main as harness_main
 from reports.derived import allowed
 from reports.records import Record, read_csv
 

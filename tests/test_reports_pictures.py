@@ -1,5 +1,5 @@
 """Pictures of where an error sits: SVG heatmap and singular values, embedded in the report,
-taken from the run that was judged (harness/details.py)."""
+taken from the run that was judged (harness/judging/details.py)."""
 
 import dataclasses
 import re
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cases import Case
-from harness.checks import Evidence
-from harness.details import Pictures
+from harness.judging.details import Pictures
+from harness.judging.outcome import Evidence
 from harness.runner import run_case
 from harness.targets import load_target
 from reports import RunInfo, render_html

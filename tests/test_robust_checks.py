@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from cases import Case, ci_cases
-from harness import robust_checks
-from harness.inputs import make_inputs
+from harness.apps.selftest_catalog import BY_NAME, spec
+from harness.judging import registry, robust_checks
+from harness.policy.ill_posed import NOISE_CEILING
 from harness.runner import run_case
-from harness.selftest_catalog import BY_NAME, spec
+from harness.running.inputs import make_inputs
 from harness.targets import load_target
 from oracles import Conventions, MuonHyper, Orthogonalizer
 from oracles.muon_reference import apply_update
@@ -69,12 +70,12 @@ def test_unmeasured_noise_key_is_skipped_never_passed(monkeypatch):
 
 
 def test_they_apply_only_with_bf16_single_process_and_full_rank_gradients():
-    assert robust_checks.robust_applicable(BF16, "bf16") == ["norm", "spectrum", "probe", "rescale"]
-    assert robust_checks.robust_applicable(dataclasses.replace(BF16, optimizer="normuon"), "bf16") == [
+    assert registry.robust_applicable(BF16, "bf16") == ["norm", "spectrum", "probe", "rescale"]
+    assert registry.robust_applicable(dataclasses.replace(BF16, optimizer="normuon"), "bf16") == [
         "norm", "rows", "probe", "rescale"]
-    assert robust_checks.robust_applicable(dataclasses.replace(BF16, grad="tiny"), "bf16") == ["norm", "spectrum", "probe"]
-    assert robust_checks.robust_applicable(dataclasses.replace(BF16, compute_dtype="fp32"), "fp32") == []
-    assert robust_checks.robust_applicable(dataclasses.replace(BF16, grad="rankdef"), "bf16") == []
+    assert registry.robust_applicable(dataclasses.replace(BF16, grad="tiny"), "bf16") == ["norm", "spectrum", "probe"]
+    assert registry.robust_applicable(dataclasses.replace(BF16, compute_dtype="fp32"), "fp32") == []
+    assert registry.robust_applicable(dataclasses.replace(BF16, grad="rankdef"), "bf16") == []
 
 
 def test_rows_sees_a_normuon_variance_without_its_ema_that_the_reference_misses():
@@ -153,7 +154,7 @@ def test_rescale_is_not_judged_where_the_declared_eps_can_show_or_there_is_no_no
 
 
 def test_a_statistic_whose_noise_allows_a_factor_e_is_not_judged(monkeypatch):
-    """robust_checks.NOISE_CEILING: where ours' own bf16 noise makes a statistic's allowance 1 or more
+    """NOISE_CEILING: where ours' own bf16 noise makes a statistic's allowance 1 or more
     (singular values off by a factor e) the check is skipped with the numbers, never passed; a key
     below the ceiling is judged, and a large enough statistic fails there. The blind key's noise is the one
     measured before bf16 Gram NS iterated in fp16 (sv_mean 7.9, sv_spread 73), set here so that the test
@@ -162,12 +163,12 @@ def test_a_statistic_whose_noise_allows_a_factor_e_is_not_judged(monkeypatch):
     data = robust_checks._noise()
     key = robust_checks.noise_key(blind, "bf16")
     monkeypatch.setattr(robust_checks, "_noise", lambda: {**data, key: {**data[key], "sv_mean": 7.9, "sv_spread": 73.0}})
-    assert robust_checks.NOISE_MARGIN * robust_checks.measured_noise(blind, "bf16")["sv_spread"] >= robust_checks.NOISE_CEILING
+    assert robust_checks.NOISE_MARGIN * robust_checks.measured_noise(blind, "bf16")["sv_spread"] >= NOISE_CEILING
     out = robust_checks.judge("spectrum", blind, "bf16", {"sv_mean": 5.0, "sv_spread": 50.0})
     assert out.status == "skipped" and "not judged" in out.message and "sv_spread" in out.message
     seen = Case.from_id(blind.id.replace("/gns/", "/pe/"))
     noise = robust_checks.measured_noise(seen, "bf16")
-    assert max(robust_checks.NOISE_MARGIN * noise[s] for s in ("sv_mean", "sv_spread")) < robust_checks.NOISE_CEILING
+    assert max(robust_checks.NOISE_MARGIN * noise[s] for s in ("sv_mean", "sv_spread")) < NOISE_CEILING
     assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 0.0}).status == "pass"
     assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 1.0}).status == "fail"
 
@@ -206,19 +207,19 @@ def test_rescale_is_ill_posed_for_stochastic_rounding():
     assert got["nearest"].status == "pass", got["nearest"].message
 def test_drift_applies_to_long_muon_and_normuon_cases_only_none_of_the_ci_tier():
     long = dataclasses.replace(BF16, steps=robust_checks.DRIFT_MIN_STEPS)
-    assert robust_checks.robust_applicable(long, "bf16")[-1] == "drift"
-    assert robust_checks.robust_applicable(dataclasses.replace(long, optimizer="normuon"), "bf16")[-1] == "drift"
-    assert "drift" not in robust_checks.robust_applicable(BF16, "bf16")
-    assert not [c.id for c in ci_cases() if "drift" in robust_checks.robust_applicable(c, c.compute_dtype)]
+    assert registry.robust_applicable(long, "bf16")[-1] == "drift"
+    assert registry.robust_applicable(dataclasses.replace(long, optimizer="normuon"), "bf16")[-1] == "drift"
+    assert "drift" not in registry.robust_applicable(BF16, "bf16")
+    assert not [c.id for c in ci_cases() if "drift" in registry.robust_applicable(c, c.compute_dtype)]
 
 
 def test_drift_noise_is_measured_for_every_selftest_drift_case():
-    from harness.selftest import DRIFT_CASES
+    from harness.apps.selftest import DRIFT_CASES
 
     ours = load_target("ours")
     for case in DRIFT_CASES:
         compute = ours.conventions(case).compute_dtype
-        assert "drift" in robust_checks.robust_applicable(case, compute), case.id
+        assert "drift" in registry.robust_applicable(case, compute), case.id
         assert robust_checks.drift_noise(case, compute), robust_checks.drift_key(case, compute)
 
 
@@ -226,8 +227,8 @@ def test_drift_sees_a_bf16_momentum_buffer_that_every_per_step_statistic_misses(
     """Negative control: a bf16 momentum buffer (fp32 parameters, bf16 compute) stagnates under a persistent
     gradient and its error grows; ours and a second, plain op-by-op bf16 implementation (whose error level
     is 4x ours' there, but does not grow) pass the same case."""
-    from harness.selftest import DRIFT_CASES
-    from harness.selftest_catalog import _POLYNOMIAL
+    from harness.apps.selftest import DRIFT_CASES
+    from harness.apps.selftest_catalog import _POLYNOMIAL
 
     case = DRIFT_CASES[0]
     inputs = make_inputs(case)

@@ -1,6 +1,6 @@
 """--select: a complete case id selects exactly that case; other patterns select by substring."""
 
-from harness.selection import select
+from harness.running.selection import select
 
 DION2 = "dion2-f0.25-local/linear-12x20/mb1/noflat/fp32@fp32/pe/spectral_norm/plain/wd0.1/steps3/gaussian/seed0/replicated/ws2"
 

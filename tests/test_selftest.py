@@ -6,8 +6,9 @@ import dataclasses
 
 import torch
 
-from harness import diagnosis, selftest
-from harness.selftest_catalog import BY_NAME, CATALOG, Defect, spec
+from harness.apps import selftest
+from harness.apps.selftest_catalog import BY_NAME, CATALOG, Defect, spec
+from harness.judging import diagnosis
 from harness.targets import load_target
 from harness.targets.controls import Control
 

@@ -1,7 +1,7 @@
 """The selftest in CI, one test per catalog defect and compute class so that `pytest -n auto`
 spreads them: on its quick tier (the first case where it can show with bf16 compute, and the first
-without, from the CI tier and then the selftest's own long cases, harness.selftest.DRIFT_CASES:
-harness.selftest.candidates), every defect is killed with the right diagnosis,
+without, from the CI tier and then the selftest's own long cases, harness.apps.selftest.DRIFT_CASES:
+harness.apps.selftest.candidates), every defect is killed with the right diagnosis,
 and the correct targets (ours, torch) raise no false alarm on those cases.
 
 A defect that survives on its quick tier is listed in SURVIVES with the measured reason; its test
@@ -13,14 +13,14 @@ import functools
 
 import pytest
 
-from harness import selftest
-from harness.selftest_catalog import BY_NAME, CATALOG
+from harness.apps import selftest
+from harness.apps.selftest_catalog import BY_NAME, CATALOG
 from harness.targets import load_target
 
 SURVIVES: dict[tuple[str, str], str] = {}
 """(defect, "bf16" | "fp") -> why it survives its quick case (an open detection gap, printed by
 `python -m harness selftest` as a SURVIVED line); a case where a defect is hidden by noise is not
-its quick case (harness.selftest.hidden_by_noise), so an entry here is a gap of the checks."""
+its quick case (harness.apps.selftest.hidden_by_noise), so an entry here is a gap of the checks."""
 
 
 NOWHERE: dict[tuple[str, str], str] = {
@@ -37,7 +37,7 @@ NOWHERE: dict[tuple[str, str], str] = {
 """(defect, compute class) with no case of the selftest tier where the defect can show, and why (the
 selftest prints the measured numbers of each hidden case). Any other defect without such a case fails:
 a defect that could be shown and is no longer (momentum-bf16 with bf16 compute, on the selftest's long
-cases: harness.selftest.DRIFT_CASES) is a regression of the checks."""
+cases: harness.apps.selftest.DRIFT_CASES) is a regression of the checks."""
 
 
 @functools.cache

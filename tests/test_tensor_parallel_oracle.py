@@ -1,12 +1,17 @@
 """FP64 tensor-parallel references: per-shard dependence reproduces the published kernel-level figures,
 per-head orthogonalization of whole-head shards is exact, and shards that cut heads are refused."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from harness.tp_dependence import markdown, table
 from oracles import Orthogonalizer
 from oracles.tensor_parallel import dependence, orth_tp, orth_whole, piece_bounds
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tp_dependence import markdown, table  # noqa: E402  (benchmarks/ is no package)
 
 QUINTIC = Orthogonalizer.named("newton_schulz")
 

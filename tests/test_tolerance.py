@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from cases import Case, ci_cases
-from harness import sensitivity, tolerance
-from harness.algorithms import ALGORITHMS
-from harness.checks import policy
-from harness.dtypes import TORCH_DTYPES
-from harness.inputs import f64, make_inputs
+from harness.algorithms import registry
+from harness.judging.checks import policy
+from harness.policy import sensitivity, tolerance
 from harness.runner import run_case
+from harness.running.inputs import TORCH_DTYPES, f64, make_inputs
 from harness.targets.ours import OursMuon
 from oracles import Conventions, Orthogonalizer, newton_schulz_schedule, polar_express_schedule
 
@@ -324,7 +323,7 @@ def test_a_dion2_key_allows_what_muon_does_on_the_steps_dion2_shares(monkeypatch
     dion2, muon = policy(case, ours, inputs), policy(muon_case, ours, inputs)
     assert dion2.coefficient == muon.coefficient and "with muon's same key" in dion2.at(0, 0).source
     assert {r.check: r.status for r in run_case(case, ours, "ours")}["reference"] == "pass"
-    monkeypatch.setitem(ALGORITHMS, "dion2", dataclasses.replace(ALGORITHMS["dion2"], includes=None))
+    monkeypatch.setitem(registry(), "dion2", dataclasses.replace(registry()["dion2"], includes=None))
     assert policy(case, ours, inputs).coefficient < muon.coefficient
     assert {r.check: r.status for r in run_case(case, ours, "ours")}["reference"] == "fail"
 

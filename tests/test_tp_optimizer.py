@@ -17,9 +17,9 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import optimizers
+from harness.running.pool import pools
 from optimizers.algorithms.muon import orthogonalize_group
 from optimizers.matrix_view import lr_scale
-from harness.pool import pools
 
 HEADS = 4
 """Heads of the q projection below: 16 rows = 4 heads of 4, so TP degrees 2 and 4 keep whole heads."""

@@ -1,18 +1,23 @@
-"""The TP-dependence table: its stored figures are what harness.tp_dependence computes, they
+"""The TP-dependence table: its stored figures are what benchmarks/tp_dependence.py computes, they
 reproduce the published per-shard figures, and the reports show them exactly for runs with TP cases."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from harness.tp_dependence import SEED_FIGURES, block
 from oracles import Orthogonalizer
 from oracles.tensor_parallel import dependence
 from reports import tp_table
 from reports.html import render_html
 from reports.markdown import render_markdown
 from reports.records import Record, RunInfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tp_dependence import SEED_FIGURES, block  # noqa: E402  (benchmarks/ is no package)
 
 INFO = RunInfo(target="ours", tier="ci", backends="gloo", command="python -m harness run", started="2026-01-01T00:00:00Z",
                seconds=1.0, torch_version="2.13.0+cpu", commit="abc1234")
@@ -28,7 +33,7 @@ def rec(layout: str) -> Record:
 @pytest.fixture(scope="module")
 def stored():
     data = tp_table.load()
-    assert data is not None, "reports/tp_dependence.json is missing: python -m harness.tp_dependence --out it"
+    assert data is not None, "reports/tp_dependence.json is missing: python benchmarks/tp_dependence.py --out it"
     return data
 
 

@@ -9,7 +9,7 @@ subclassing `OptimizerTarget` (for any torch.optim.Optimizer) or `Target`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -79,3 +79,22 @@ def step_through(make: Callable[[list[torch.nn.Parameter], Case], torch.optim.Op
         optimizer.step()
         trajectory.append([(p.to_local() if isinstance(p, DTensor) else p).detach().clone() for p in live])
     return trajectory
+
+
+Maker = Callable[[list[torch.nn.Parameter], Case, Any], torch.optim.Optimizer]
+
+
+def distributed_maker(target: Target) -> Maker | None:
+    """How `target` builds an optimizer over distributed parameters: its `make_distributed(params,
+    case, mesh)` (the one protocol method, ours and third-party alike), None if it has none."""
+    return getattr(target, "make_distributed", None)
+
+
+def why_unsupported(target: Target, case: Case) -> str | None:
+    """Why `target` cannot run `case` over its layout, or None (one process needs only `target.run`)."""
+    if case.world_size > 1 and distributed_maker(target) is None:
+        return f"target {target.name} has no distributed adapter (a make_distributed(params, case, mesh) method)"
+    if case.tensor_parallel is not None and not getattr(target, "tensor_parallel", False):
+        return (f"target {target.name} declares no tensor-parallel semantics (tp_mode, num_heads; set "
+                f"`tensor_parallel = True` on an adapter that takes them from the case)")
+    return target.unsupported(case)

@@ -9,7 +9,7 @@ import torch
 import optimizers
 from cases import Case
 from harness.algorithms import algorithm
-from harness.dtypes import TORCH_DTYPES
+from harness.running.inputs import TORCH_DTYPES
 from harness.targets.base import OptimizerTarget
 from oracles import Conventions, Orthogonalizer
 
@@ -35,7 +35,7 @@ class OursMuon(OptimizerTarget):
 
     def options(self, case: Case) -> dict:
         """Muon keyword arguments for `case` (shared with the negative controls)."""
-        return dict(algorithm=case.optimizer, beta2=case.beta2, lr=case.lr, momentum=case.momentum,
+        return dict(algorithm=case.optimizer, lr=case.lr, momentum=case.momentum,
                     nesterov=case.nesterov, weight_decay=case.weight_decay, flatten=case.flatten,
                     adjust_lr=None if case.adjust_lr == "none" else case.adjust_lr,
                     orthogonalizer=case.orthogonalizer, compute_dtype=TORCH_DTYPES[case.compute_dtype],

@@ -23,7 +23,7 @@ muon_utils.py, mixin.py):
     "cans", "aol", "deepseekv4", "custom". 5 steps. Without the normaliser safety a rank-1 direction
     enters at s = 1 exactly, where the composite polynomial oscillates fast (it stays in Polar
     Express's band, 0.85-1.12 over [1e-3, 1]) and amplifies rounding: A = 831 at s = 1 against 73 at
-    s = 1/1.01 (harness/sensitivity.py). Not a defect: a plain fp32 evaluation of the same schedule
+    s = 1/1.01 (harness/policy/sensitivity.py). Not a defect: a plain fp32 evaluation of the same schedule
     on 1 x 16 matrices errs as much (median 1.7e-5, the peer 5.4e-6, 200 draws).
   - scale of the orthogonalized matrix, from its (rows, cols): "spectral" (default)
     sqrt(max(rows, cols)), "shape_scaling" sqrt(max(1, rows/cols)), "unit_rms_norm"

@@ -4,8 +4,8 @@ harness.targets.controls.Control) and judged exactly as a third-party target is.
 
 Each `Defect` says where it can show (`shows(case)`: the cases whose mathematics it changes; the
 selftest also drops a case on which the defect's trajectory is bitwise ours), which diagnosis it
-must get (a harness.diagnosis label), and where such a bug was seen. A defect is also a target
-spec: `--target harness.selftest_catalog:<name with _ for ->`.
+must get (a harness.judging.diagnosis label), and where such a bug was seen. A defect is also a target
+spec: `--target harness.apps.selftest_catalog:<name with _ for ->`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Callable
 import torch
 
 from cases import Case
-from cases.axes import SELECTING
 from cases.layouts import piece_sizes, shard_dim
+from harness.algorithms import algorithm
 from harness.targets import controls, dion2_controls, distributed_controls
 from harness.targets.base import Target
 from harness.targets.controls import Control
@@ -287,7 +287,7 @@ def _decayed(case: Case) -> bool:
 
 def _selecting(case: Case) -> bool:
     """Dion2 / NorDion2 selecting a proper subset of slices (fraction 1 selects every slice)."""
-    return case.optimizer in SELECTING and case.fraction is not None and case.fraction < 1.0
+    return algorithm(case).selects and case.fraction is not None and case.fraction < 1.0
 
 
 def _splits_slices(case: Case) -> bool:
@@ -346,7 +346,7 @@ CATALOG: tuple[Defect, ...] = (
            lambda c: _decayed(c) and c.adjust_lr != "none",
            "decay with the adjusted lr (dtensor-muon's convention) under a declared base-lr convention"),
     Defect("momentum-bf16", _stage("momentum-bf16", "direction", _momentum_bf16), "momentum",
-           lambda c: c.param_dtype != "bf16" and c.optimizer not in SELECTING,  # Dion2 keeps no momentum_buffer
+           lambda c: c.param_dtype != "bf16" and not algorithm(c).selects,  # Dion2 keeps no momentum_buffer
            "NorDion2 review (microsoft/dion#82): state EMAs kept in bf16; torch's bf16 buffer aliasing",
            ambiguous=lambda c: ("the buffer's bf16 rounding changes the update by a bf16 rounding of U, "
                                 "as an orthogonalizer that reads U in bf16 would: the steps' error has "
@@ -453,7 +453,7 @@ BY_NAME = {d.name: d for d in CATALOG}
 
 
 def __getattr__(name: str) -> Callable[[], Target]:
-    """`harness.selftest_catalog:<name>` (dashes as underscores) is a target factory."""
+    """`harness.apps.selftest_catalog:<name>` (dashes as underscores) is a target factory."""
     defect = BY_NAME.get(name.replace("_", "-"))
     if defect is None:
         raise AttributeError(name)
@@ -462,4 +462,4 @@ def __getattr__(name: str) -> Callable[[], Target]:
 
 def spec(defect: Defect) -> str:
     """The target spec of `defect`."""
-    return f"harness.selftest_catalog:{defect.name.replace('-', '_')}"
+    return f"harness.apps.selftest_catalog:{defect.name.replace('-', '_')}"

@@ -1,6 +1,6 @@
 """How much an orthogonalizer amplifies rounding, read off the spectrum of the matrix it is given.
 
-The tolerance of a reference check is derived from this (harness/tolerance.py): the matrix that
+The tolerance of a reference check is derived from this (harness/policy/tolerance.py): the matrix that
 gets orthogonalized is the momentum / Nesterov direction U (Dion2: the selected submatrix of its
 momentum), not the gradient, so its singular values are computed here from the FP64 state the
 oracle keeps (the algorithm's `directions`, harness/algorithms.py).
@@ -33,8 +33,8 @@ import numpy as np
 from cases import Case
 from harness.algorithms import algorithm
 from oracles import Conventions, Orthogonalizer, matrix_view, singular_values
-from oracles.spectral import GRAM_MIN_SIDE
 from oracles.coefficients import Coefficients
+from oracles.spectral import GRAM_MIN_SIDE
 
 RANK_GAP = 4.0
 """A singular value in (cutoff / RANK_GAP, cutoff * RANK_GAP) makes the SVD's rank decision ambiguous:

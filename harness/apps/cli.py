@@ -44,13 +44,13 @@ import torch
 import torch.distributed as dist
 
 from cases import TIERS, Case
-from harness import pr_diff
-from harness.backends import get as get_backend
-from harness.details import Pictures
-from harness.outputs import write_run
-from harness.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
+from harness.apps import pr_diff
+from harness.apps.outputs import write_run
+from harness.judging.details import Pictures
 from harness.runner import BACKENDS, Interrupted, Stop, run
-from harness.selection import nearest, select
+from harness.running.backends import get as get_backend
+from harness.running.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
+from harness.running.selection import nearest, select
 from harness.targets import DEFAULT, load_target
 from harness.targets.base import Target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
@@ -151,11 +151,11 @@ def _trend_arguments(p: argparse.ArgumentParser) -> None:
 
 def _selftest_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases-per-defect", type=int, metavar="N",
-                   help="CI cases per defect, where it can show (default: harness.selftest.CASES_PER_DEFECT)")
+                   help="CI cases per defect, where it can show (default: harness.apps.selftest.CASES_PER_DEFECT)")
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from harness import selftest  # imports the defect catalog only when asked for
+    from harness.apps import selftest  # imports the defect catalog only when asked for
     limit = selftest.CASES_PER_DEFECT if args.cases_per_defect is None else args.cases_per_defect
     if limit < 1:
         raise UsageError(f"--cases-per-defect must be >= 1, got {limit}")

@@ -13,8 +13,11 @@ import numpy as np
 import torch
 
 from cases import Case, gradient, initial_parameter
-from harness.dtypes import TORCH_DTYPES
 from oracles import max_condition
+
+TORCH_DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32,
+                                        "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The torch dtype of each floating-format name used in cases and reports."""
 
 
 @dataclass(frozen=True)

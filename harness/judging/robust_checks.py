@@ -43,7 +43,7 @@ except `probe`, an exact relation:
             `benchmarks/measure_bf16_drift_noise.py`)
 
 err = dX - dref with dX the target's step and dref the FP64 reference step from the same
-previous parameter (harness.checks.reference_steps). They apply where bf16 is involved
+previous parameter (harness.judging.checks.reference_steps). They apply where bf16 is involved
 (param or declared compute dtype) and gradients of full rank (not rankdef or zero: their bf16
 reference is ill-posed). Tolerance = NOISE_MARGIN x the worst
 |statistic| ours showed in the measurement (CI layers), per noise key (algorithm, dtypes, orthogonalizer
@@ -63,53 +63,45 @@ from typing import Callable, Iterator
 import numpy as np
 
 from cases import Case
-from harness import tolerance
 from harness.algorithms import algorithm
-from harness.inputs import Inputs, f64
-from harness.metrics import Metrics, compare_step
+from harness.judging import checks as base
+from harness.judging.metrics import Metrics, compare_step
+from harness.judging.outcome import NO_METRICS, Outcome, Trajectory, describe, worst_of
+from harness.policy import tolerance
+from harness.policy.bounds import RELATION_ULPS, STORAGE_ULPS, Tolerance, storage_relation
+from harness.policy.ill_posed import NOISE_CEILING
+from harness.running.inputs import Inputs, f64
 from harness.targets.base import Target
 from oracles import Conventions, Orthogonalizer, lr_scale, matrix_view
 from oracles.rounding import round_to, ulp
 
-NOISE_FILE = Path(__file__).with_name("bf16_noise.json")
+NOISE_FILE = Path(__file__).parents[1] / "policy" / "data" / "bf16_noise.json"
 NOISE_MARGIN = 3.0
 """Tolerance = this x the worst measured |statistic| of a correct bf16 implementation."""
-NOISE_CEILING = 1.0
-"""A statistic whose tolerance reaches this is not judged: each is a relative error or a log ratio,
-and an allowance of 1 (the update's norm off by 100%, singular values off by a factor e) passes
-what a wrong update shows, so judging would only pretend. Measured: one key reaches it,
-muon/fp32@bf16/gram_newton_schulz/lowrank (sv_spread 73, sv_mean 7.9: ours' bf16 Gram Newton-Schulz
-returned 0.58 for a singular value of 0.88 and -0.20 for one of 0.93 on a low-rank conv1d
-direction); the next largest allowance of any key is 0.93. That was a defect of ours, fixed: bf16 Gram
-NS now iterates in fp16 as the published versions do (optimizers/gram_newton_schulz.py HALF_ITERATES;
-the case's sv_spread 73 became 0.032); the key keeps its old noise until it is re-measured."""
 PROBE_WEIGHT_DECAY = 10.0
 """lr x wd = 0.2: decay after the update changes a step by a fifth of its update."""
-PROBE_ULPS = 2.0
-"""The decayed step rounds twice (decay, update), each undecayed parameter once: 2 ulps bound them."""
 RESCALE_GRADIENTS = ("gaussian", "lowrank", "huge")
 """Gradient kinds `rescale` judges: under tiny gradients the declared eps dominates the normaliser."""
 STATISTICS = ("norm", "decay", "sv_mean", "sv_spread", "row_spread")
-ALGORITHM_CHECKS = {"muon": {"spectrum": ("sv_mean", "sv_spread")}, "normuon": {"rows": ("row_spread",)}}
-"""The robust checks beyond norm and probe, per algorithm, with the statistics each judges."""
+ROBUST = ("norm", "spectrum", "rows", "probe", "rescale", "drift")
+"""The bf16-robust checks, by name (harness/judging/registry.py says which apply to a case)."""
 
-
-STATISTIC_CHECKS = {"norm": ("norm", "decay"),
-                    **{name: stats for checks in ALGORITHM_CHECKS.values() for name, stats in checks.items()},
+STATISTIC_CHECKS = {"norm": ("norm", "decay"), "spectrum": ("sv_mean", "sv_spread"), "rows": ("row_spread",),
                     "drift": ("drift",)}
-"""The robust checks judging statistics (all but probe and rescale), with the statistics each judges."""
-DRIFT_FILE = Path(__file__).with_name("bf16_drift_noise.json")
+"""The robust checks judging statistics (all but probe and rescale), with the statistics each judges; an
+algorithm names its own beyond norm and drift (harness/algorithms: `robust_checks`)."""
+DRIFT_FILE = Path(__file__).parents[1] / "policy" / "data" / "bf16_drift_noise.json"
 DRIFT_MIN_STEPS = 8
 """`drift` judges the cases of at least this many steps (none in the CI tier: its 128-step trajectory costs
-~1-3 s a case on CPU; the selftest's own long cases, harness.selftest.DRIFT_CASES)."""
+~1-3 s a case on CPU; the selftest's own long cases, harness.apps.selftest.DRIFT_CASES)."""
 DRIFT_FACTOR = 16
 """`drift` runs DRIFT_FACTOR x the case's steps (128 for 8) with the case's first gradients every step."""
-DRIFT_OPTIMIZERS = ("muon", "normuon")
 
 
 def extra_statistics(optimizer: str) -> set[str]:
-    """The statistics beyond norm and decay that `optimizer`'s robust checks judge."""
-    return {s for stats in ALGORITHM_CHECKS.get(optimizer, {}).values() for s in stats}
+    """The statistics beyond norm and decay that the robust checks of algorithm `optimizer` judge."""
+    return {s for name in algorithm(optimizer).robust_checks for s in STATISTIC_CHECKS[name]}
+
 GRADIENTS = ("gaussian", "lowrank", "tiny", "huge")
 """Gradient kinds judged: not the rank-deficient ones (rankdef, zero), whose bf16 reference is ill-posed."""
 SV_FLOOR = 1e-3
@@ -125,7 +117,7 @@ matrices, seeds 0-11, mb5, fp32@bf16 and bf16@fp32, NS and PE, 23040 singular va
 [1, 4) u s_max, at most 0.25 above; one sigma at 2.5e-4 s_max of 480 made a correct step's spread
 0.107 (1.8x its tolerance) where the resolved ones give 0.020.
 Likewise a pair whose f(sigma) moves the parameter by less than SV_RESOLVED x the storage rounding the
-harness allows (tolerance.STORAGE_ULPS ulps, Frobenius over the matrix) is left out: a bf16 1 x 1
+harness allows (STORAGE_ULPS ulps, Frobenius over the matrix) is left out: a bf16 1 x 1
 matrix (conv2d_k1 unflattened) with tiny gradients stepped by less than half an ulp of its parameter,
 stored no change, and its log ratio was -690 (sv_spread 119)."""
 
@@ -191,7 +183,7 @@ def _orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Co
 
 def _directions(case: Case, conv: Conventions, inputs: Inputs) -> Iterator[np.ndarray]:
     """The matrices [B, m, n] the FP64 reference orthogonalizes, per member and step in the order of
-    harness.checks.reference_steps (the algorithm's directions: harness/algorithms.py)."""
+    harness.judging.checks.reference_steps (the algorithm's directions: harness/algorithms.py)."""
     directions = algorithm(case).directions(case, conv)
     for i in range(len(inputs.params)):
         m = directions.initial
@@ -224,10 +216,10 @@ def storage_rounding(x_ref: np.ndarray, case: Case, conv: Conventions) -> np.nda
     STORAGE_ULPS ||ulp(x_ref)||_F, in the units of the orthogonalized part (divided by lr x scale)."""
     spacing = matrix_view(ulp(x_ref, case.param_dtype), case.flatten)
     scale = lr_scale(x_ref.shape, conv.lr_scale, conv.lr_dims)
-    return tolerance.STORAGE_ULPS * np.linalg.norm(spacing, axis=(-2, -1)) / (case.lr * scale)
+    return STORAGE_ULPS * np.linalg.norm(spacing, axis=(-2, -1)) / (case.lr * scale)
 
 
-def statistics(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory,
+def statistics(case: Case, target: Target, inputs: Inputs, traj: Trajectory,
                spectrum: bool = True, resolved_as: Case | None = None) -> dict[str, float]:
     """norm, decay (and, with `spectrum`, sv_mean, sv_spread for Muon, row_spread for NorMuon) over
     every step and member of one run. `resolved_as` (default `case`): the case whose rounding decides
@@ -332,35 +324,34 @@ def _folded_expected(x_prev: np.ndarray, undecayed_step: np.ndarray, case: Case,
     return np.where(undecayed_step == 0.0, nearer, expected)
 
 
-def probe_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+def probe_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """The decay relation, where bf16 rounding cancels: the case run with weight decay
     PROBE_WEIGHT_DECAY and without, on the same inputs. Both orthogonalize the same directions, so
     each decayed step must be the declared decay of its own previous parameter plus the undecayed
-    run's step, up to the parameter dtype's storage rounding (PROBE_ULPS ulps)."""
+    run's step, up to the parameter dtype's storage rounding (RELATION_ULPS ulps)."""
     decayed, plain = (dataclasses.replace(case, weight_decay=w) for w in (PROBE_WEIGHT_DECAY, 0.0))
     why = target.unsupported(decayed) or target.unsupported(plain)
     if why is not None:
-        return base.Outcome("probe", base.NO_METRICS, None, f"probe case unsupported by the target: {why}",
+        return Outcome("probe", NO_METRICS, None, f"probe case unsupported by the target: {why}",
                             skipped=True)
     conv = target.conventions(case)
     if conv.rounding == "stochastic":
-        return base.Outcome("probe", base.NO_METRICS, None, f"ill-posed: the target rounds U to {conv.compute_dtype} "
+        return Outcome("probe", NO_METRICS, None, f"ill-posed: the target rounds U to {conv.compute_dtype} "
                             "stochastically, so the decayed and undecayed runs round differently and nothing cancels",
                             skipped=True)
     a = target.run(inputs.params, inputs.grads, decayed)
     b = target.run(inputs.params, inputs.grads, plain)
     metrics, where = _stepwise(case, inputs, a, b, lambda a_prev, a_new, b_step: decay_expected(
         a_prev, b_step, case, conv, PROBE_WEIGHT_DECAY, a_new))
-    tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"decay relation at weight decay {PROBE_WEIGHT_DECAY:g}: exact up to "
-                                               f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
-    return base.Outcome("probe", metrics, tol, f"decay relation, wd {PROBE_WEIGHT_DECAY:g} vs 0: "
-                                               + base.describe(metrics, where, tol))
+    tol = storage_relation(f"decay relation at weight decay {PROBE_WEIGHT_DECAY:g}")
+    return Outcome("probe", metrics, tol, f"decay relation, wd {PROBE_WEIGHT_DECAY:g} vs 0: "
+                                               + describe(metrics, where, tol))
 
 
-def _stepwise(case: Case, inputs: Inputs, a: base.Trajectory, b: base.Trajectory,
+def _stepwise(case: Case, inputs: Inputs, a: Trajectory, b: Trajectory,
               expected: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> tuple[Metrics, str]:
     """The worst step of run `a` against `expected(a_prev, a_new, b_step)`, each run stepping from
-    its own previous parameter (b_step: run b's step there), exact up to PROBE_ULPS ulps of the
+    its own previous parameter (b_step: run b's step there), exact up to RELATION_ULPS ulps of the
     parameter dtype, member by member and step by step."""
     pairs = []
     for i, p0 in enumerate(inputs.params):
@@ -368,9 +359,9 @@ def _stepwise(case: Case, inputs: Inputs, a: base.Trajectory, b: base.Trajectory
         for k in range(case.steps):
             a_new, b_new = f64(a[k][i]), f64(b[k][i])
             pairs.append((compare_step(a_prev, a_new, expected(a_prev, a_new, b_new - b_prev), case.param_dtype,
-                                       0.0, PROBE_ULPS), f"member {i} step {k + 1}"))
+                                       0.0, RELATION_ULPS), f"member {i} step {k + 1}"))
             a_prev, b_prev = a_new, b_new
-    return base.worst_of(pairs)
+    return worst_of(pairs)
 
 
 def _eps_visible(case: Case, conv: Conventions, inputs: Inputs) -> str | None:
@@ -398,25 +389,24 @@ def _eps_visible(case: Case, conv: Conventions, inputs: Inputs) -> str | None:
     return None
 
 
-def rescale_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+def rescale_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """The scale relation, where bf16 rounding cancels: the target's run with gradients x 2^10 against
-    its own run without, step by step from each run's own previous parameter, exact up to PROBE_ULPS
+    its own run without, step by step from each run's own previous parameter, exact up to RELATION_ULPS
     ulps of the parameter dtype; judged where the declared eps is negligible (_eps_visible)."""
     conv = target.conventions(case)
     if conv.rounding == "stochastic":
-        return base.Outcome("rescale", base.NO_METRICS, None, f"ill-posed: the target rounds U to {conv.compute_dtype} "
+        return Outcome("rescale", NO_METRICS, None, f"ill-posed: the target rounds U to {conv.compute_dtype} "
                             "stochastically, so the scaled and unscaled runs round differently and nothing cancels",
                             skipped=True)
     why = _eps_visible(case, conv, inputs)
     if why is not None:
-        return base.Outcome("rescale", base.NO_METRICS, None, why, skipped=True)
+        return Outcome("rescale", NO_METRICS, None, why, skipped=True)
     scaled = inputs.scaled(base.SCALE_FACTOR)
     other = target.run(scaled.params, scaled.grads, case)
     metrics, where = _stepwise(case, inputs, traj, other, lambda a_prev, a_new, b_step: a_prev + b_step)
-    tol = tolerance.Tolerance(0.0, PROBE_ULPS, f"scale relation, gradients x {base.SCALE_FACTOR:g}: exact up to "
-                                               f"{PROBE_ULPS:g} ulps of the parameter dtype (storage roundings)")
-    return base.Outcome("rescale", metrics, tol, f"gradients x {base.SCALE_FACTOR:g} vs x 1: "
-                                                 + base.describe(metrics, where, tol))
+    tol = storage_relation(f"scale relation, gradients x {base.SCALE_FACTOR:g}")
+    return Outcome("rescale", metrics, tol, f"gradients x {base.SCALE_FACTOR:g} vs x 1: "
+                                                 + describe(metrics, where, tol))
 
 
 @functools.cache
@@ -447,7 +437,7 @@ def measured_noise(case: Case, compute_dtype: str, declared: Orthogonalizer | No
 
 def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
           declared: Orthogonalizer | None = None,
-          noise: tuple[str, dict[str, float] | None, str, str] | None = None) -> base.Outcome:
+          noise: tuple[str, dict[str, float] | None, str, str] | None = None) -> Outcome:
     """Outcome of robust check `name` from its statistics: the worst |value| / tolerance, under the bf16
     noise of the orthogonalizer the target declares (`declared`, default ours'). `noise` (key, measured
     worst per statistic or None, file name, whose runs were measured) replaces that noise key."""
@@ -455,14 +445,14 @@ def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
                                                       measured_noise(case, compute_dtype, declared),
                                                       NOISE_FILE.name, "ours")
     if measured is None:
-        return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
+        return Outcome(name, NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
     unmeasured = sorted(set(values) - set(measured))
     if unmeasured:
-        return base.Outcome(name, base.NO_METRICS, None, f"no measured bf16 noise of {unmeasured} for {key}: "
+        return Outcome(name, NO_METRICS, None, f"no measured bf16 noise of {unmeasured} for {key}: "
                                                          f"not judged", skipped=True)
     blind = {stat: NOISE_MARGIN * measured[stat] for stat in values if NOISE_MARGIN * measured[stat] >= NOISE_CEILING}
     if len(blind) == len(values):
-        return base.Outcome(name, base.NO_METRICS, None, (
+        return Outcome(name, NO_METRICS, None, (
             f"not judged: ours' own bf16 noise on {key} allows " + ", ".join(f"{s} {t:.3g}" for s, t in blind.items())
             + f", at or above {NOISE_CEILING:g}: a correct run there is as far off as a wrong one"), skipped=True)
     values = {stat: value for stat, value in values.items() if stat not in blind}
@@ -479,21 +469,12 @@ def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
     message = f"worst {worst}: " + ", ".join(f"{s} {values[s]:+.3g} ({ratios[s]:.2g} x allowed)" for s in values)
     metrics = Metrics(max_abs=math.nan, rel_err=abs(values[worst]), max_ulp=math.nan, allowed=tol_value,
                       ratio=ratios[worst])
-    return base.Outcome(name, metrics, tolerance.Tolerance(tol_value, 0.0, source), message)
+    return Outcome(name, metrics, Tolerance(tol_value, 0.0, source), message)
 
 
 def worst_statistic(message: str) -> str:
     """The statistic a robust check's message names as its worst ("" for another message)."""
     return message.split(":", 1)[0].removeprefix("worst ") if message.startswith("worst ") else ""
-
-
-def robust_applicable(case: Case, compute_dtype: str) -> list[str]:
-    """Names of the robust checks for `case`, in the order they run."""
-    if not applies(case, compute_dtype):
-        return []
-    return ["norm", *ALGORITHM_CHECKS.get(case.optimizer, {}), "probe",
-            *(["rescale"] if case.grad in RESCALE_GRADIENTS else []),
-            *(["drift"] if drift_applies(case) else [])]
 
 
 # --- drift: a long trajectory under a persistent gradient --------------------------------------------
@@ -503,7 +484,7 @@ def drift_applies(case: Case) -> bool:
     parameter's storage rounding grows with the parameter over the long trajectory: measured, ours' drift
     on muon bf16@bf16 Polar Express linear_tall grew from 0.021 over the first eighth to 0.066), at least
     DRIFT_MIN_STEPS steps."""
-    return case.optimizer in DRIFT_OPTIMIZERS and case.param_dtype != "bf16" and case.steps >= DRIFT_MIN_STEPS
+    return algorithm(case).drift and case.param_dtype != "bf16" and case.steps >= DRIFT_MIN_STEPS
 
 
 def drift_key(case: Case, compute_dtype: str) -> str:
@@ -564,7 +545,7 @@ def drift_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
     return _drift_data()["worst"].get(drift_key(case, compute_dtype))
 
 
-def drift_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+def drift_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """The growth of the accumulated error over a DRIFT_FACTOR x longer trajectory under a persistent
     gradient (the case's first gradients every step; drift_statistics) against NOISE_MARGIN x the worst
     growth measured on correct bf16 implementations for its drift key (ours, a plain op-by-op loop,
@@ -583,16 +564,16 @@ def drift_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajector
                                             f"{got['drift_early']:.3g} over its first eighth")
 
 
-def norm_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+def norm_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     got = statistics(case, target, inputs, traj, spectrum=False)
     conv = target.conventions(case)
     return judge("norm", case, conv.compute_dtype, {k: got[k] for k in ("norm", "decay")}, conv.orthogonalizer)
 
 
-def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     got = statistics(case, target, inputs, traj)
     if "sv_mean" not in got:
-        return base.Outcome("spectrum", base.NO_METRICS, None, "no singular value that rounding resolves (see "
+        return Outcome("spectrum", NO_METRICS, None, "no singular value that rounding resolves (see "
                                                                "robust_checks.SV_RESOLVED): no spectrum to judge",
                             skipped=True)
     conv = target.conventions(case)
@@ -600,18 +581,10 @@ def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajec
                  conv.orthogonalizer)
 
 
-def rows_check(case: Case, target: Target, inputs: Inputs, traj: base.Trajectory) -> base.Outcome:
+def rows_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     got = statistics(case, target, inputs, traj)
     if "row_spread" not in got:
-        return base.Outcome("rows", base.NO_METRICS, None, "fewer than two nonzero rows per matrix: no row "
+        return Outcome("rows", NO_METRICS, None, "fewer than two nonzero rows per matrix: no row "
                                                            "profile to judge", skipped=True)
     conv = target.conventions(case)
     return judge("rows", case, conv.compute_dtype, {"row_spread": got["row_spread"]}, conv.orthogonalizer)
-
-
-CHECKS = {"norm": norm_check, "spectrum": spectrum_check, "rows": rows_check, "probe": probe_check,
-          "rescale": rescale_check, "drift": drift_check}
-
-# Last: harness.checks registers CHECKS above, and these checks use its helpers at call time, so
-# either module may be imported first.
-from harness import checks as base  # noqa: E402

@@ -18,7 +18,7 @@ for 512x1024 split on dim 0 and on dim 1 at tp 2 and 4 (`SEED_FIGURES`: the publ
 be quoted next to ours). `--out FILE` stores both as JSON, which the reports read
 (reports/tp_table.py; computing them takes minutes, so reports never recompute them).
 
-    python -m harness.tp_dependence [--hidden 256 --heads 8 --ffn 512 --seed 0] [--out FILE]
+    python benchmarks/tp_dependence.py [--hidden 256 --heads 8 --ffn 512 --seed 0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def seed_figures(seed: int = 0) -> list[dict]:
 
 def store(path: Path, hidden: int, heads: int, ffn: int, seed: int) -> None:
     """Write the table and the seed figures, with how they were made, as JSON."""
-    data = dict(command=" ".join(["python -m harness.tp_dependence", *sys.argv[1:]]),
+    data = dict(command=" ".join(["python benchmarks/tp_dependence.py", *sys.argv[1:]]),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 settings=dict(hidden=hidden, heads=heads, ffn=ffn, seed=seed, orthogonalizer="newton_schulz",
                               steps=5, gradient="gaussian"),
@@ -148,7 +148,7 @@ def markdown(rows: list[Row]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.tp_dependence", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python benchmarks/tp_dependence.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)

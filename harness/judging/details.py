@@ -1,7 +1,7 @@
 """Pictures' data for the worst reference checks of a run, taken from the run that was judged.
 
 The reference check keeps, for its worst member and step (the one its metrics come from), the
-judged and the reference update as [out, prod(rest)] matrices (`harness.checks.Evidence`). The
+judged and the reference update as [out, prod(rest)] matrices (`harness.judging.outcome.Evidence`). The
 runner offers each reference record and its evidence to a `Pictures` keeper, which holds only the
 `limit` worst (so memory stays bounded on any tier) and, at the end, turns them into `Detail`s:
 the elementwise error and the singular values of both updates. A distributed record's evidence is
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.checks import Evidence
+from harness.judging.checks import Evidence
 from oracles import singular_values
 from reports import Record, worst_first
 

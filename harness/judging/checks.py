@@ -1,4 +1,5 @@
-"""The checks run on a case. Each returns an `Outcome`; the runner turns them into records.
+"""The single-process checks and the helpers every check builds on. Each returns an `Outcome`
+(harness/judging/outcome.py); harness/judging/registry.py says which apply to a case.
 
   reference  every step of every megabatch member vs the FP64 reference step,
              re-seeded from the target's own previous parameter (momentum in FP64)
@@ -13,98 +14,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from cases import Case
-from cases.axes import DEGENERATE_GRADIENTS, SELECTING
-from harness import batch_invariance, tolerance
 from harness.algorithms import algorithm
-from harness.inputs import Inputs, f64
-from harness.metrics import Metrics, compare_step
+from harness.judging import batch_invariance
+from harness.judging.metrics import Metrics, compare_step
+from harness.judging.outcome import NO_METRICS, Evidence, Outcome, Trajectory, describe, worst_judged, worst_of
+from harness.policy import tolerance
+from harness.policy.bounds import FINITENESS
+from harness.running.inputs import Inputs, f64
 from harness.targets.base import Target
 
 SCALE_FACTOR = 2.0**10
 """Power of two: scaling the gradients is exact in every floating format."""
 
-Trajectory = list[list[torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """The worst step of a reference check: where it is, and the judged and the reference update
-    (new minus previous parameter) in the [out, prod(rest)] view, in FP64."""
-
-    where: str
-    judged: np.ndarray
-    reference: np.ndarray
-
-    @classmethod
-    def of(cls, where: str, x_prev: np.ndarray, x_new: np.ndarray, x_ref: np.ndarray) -> "Evidence":
-        rows = x_prev.shape[0]
-        return cls(where, (x_new - x_prev).reshape(rows, -1), (x_ref - x_prev).reshape(rows, -1))
-
-
-@dataclass(frozen=True)
-class Outcome:
-    check: str
-    metrics: Metrics
-    tolerance: tolerance.Tolerance | None
-    message: str
-    skipped: bool = False
-    evidence: Evidence | None = None
-    """The worst step's updates, for the report's pictures (reference checks)."""
-    unsupported: bool = False
-
-    @property
-    def status(self) -> str:
-        if self.unsupported:
-            return "unsupported"
-        if self.skipped:
-            return "skipped"
-        return "pass" if self.metrics.ratio <= 1.0 else "fail"
-
-
-NO_METRICS = Metrics(math.nan, math.nan, math.nan, math.nan, math.nan)
-FINITENESS = tolerance.Tolerance(0.0, 0.0, "finiteness: every parameter value must be finite")
-
-
-def applicable(case: Case) -> list[str]:
-    """Names of the checks that apply to `case`, in the order they run."""
-    names = ["reference"]
-    if case.megabatch > 1:
-        names.append("megabatch")
-    if case.flatten and len(case.shape) > 2:
-        names.append("equiv2d")
-    if algorithm(case).equivalent(case) is not None:
-        names.append("fraction1")
-    if case.grad == "gaussian":
-        names.append("scale")
-    if case.grad in DEGENERATE_GRADIENTS:
-        names.append("finite")
-    return names + robust_checks.robust_applicable(case, case.compute_dtype)
-
-
-Where = TypeVar("Where")
-
-
-def worst_of(pairs: list[tuple[Metrics, Where]]) -> tuple[Metrics, Where]:
-    """The (metrics, where) pair with the largest ratio (NaN counts as worst); the first on ties."""
-    return max(pairs, key=lambda pair: pair[0].severity)
-
-
-def describe(metrics: Metrics, where: str, tol: tolerance.Tolerance) -> str:
-    """The worst step in words; rel_err is set against the whole allowance (rtol plus the storage
-    rounding, harness.metrics), which is what it passes or fails by."""
-    verdict = "within" if metrics.ratio <= 1.0 else "BEYOND"
-    against = (f" vs allowed {metrics.rel_err / metrics.ratio:.3g}"
-               if 0.0 < metrics.ratio < math.inf and math.isfinite(metrics.rel_err) else "")
-    return (f"worst at {where}: ||err|| = {metrics.ratio:.3g} x allowed ({verdict} tolerance); "
-            f"rel_err {metrics.rel_err:.3g}{against} (rtol {tol.rtol:g} + storage rounding), "
-            f"max_abs {metrics.max_abs:.3g}, max_ulp {metrics.max_ulp:.3g}")
 
 
 def reference_steps(case: Case, target: Target, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
@@ -136,16 +63,11 @@ def policy(case: Case, target: Target, inputs: Inputs) -> tolerance.CasePolicy:
     return tolerance.for_case(case, target.conventions(case), grads, device_class(inputs))
 
 
-def worst_judged(judged: list[tuple[Metrics, Where, tolerance.Tolerance]]) -> tuple[Metrics, Where, tolerance.Tolerance]:
-    """The (metrics, where, tolerance) triple with the largest ratio (NaN counts as worst); the first on ties."""
-    return max(judged, key=lambda t: t[0].severity)
-
-
 def selection_ill_posed(case: Case, target: Target, inputs: Inputs, traj: Trajectory,
                         steps: list | None = None) -> str | None:
     """Why `traj`'s selection (Dion2's top-k slices) is within rounding of a tie on some step, or None
     (harness.algorithms). `steps` (if given) collects the reference_steps it walks."""
-    if case.optimizer not in SELECTING and steps is None:
+    if not algorithm(case).selects and steps is None:
         return None  # no selection: nothing to decide, no oracle run needed
     margins: list[float] = []
     got = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
@@ -166,7 +88,7 @@ def gap_or_tie(name: str, gap: tolerance.NoEntry, case: Case, target: Target, in
 
 
 def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
-    """Each step against the FP64 reference under its own derived tolerance (harness/tolerance.py)."""
+    """Each step against the FP64 reference under its own derived tolerance (harness/policy/tolerance.py)."""
     try:
         pol = policy(case, target, inputs)
     except tolerance.NoEntry as gap:
@@ -217,7 +139,7 @@ def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajec
 def megabatch(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """Each member stepped inside the megabatch against it stepped alone. A target of exact relations
     runs the same arithmetic both ways only where this platform's batched products do not depend on
-    the stack size (harness/batch_invariance.py); elsewhere the relation takes its tolerance."""
+    the stack size (harness/judging/batch_invariance.py); elsewhere the relation takes its tolerance."""
     alone = [target.run(*_args(inputs.member(i)), case) for i in range(case.megabatch)]
     regrouped = [[alone[i][k][0] for i in range(case.megabatch)] for k in range(case.steps)]
     conv = target.conventions(case)
@@ -228,7 +150,7 @@ def megabatch(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
         return out
     shapes = ", ".join(f"{m}x{n}" for m, n in variant)
     return dataclasses.replace(out, message=f"batched fp64 products of {shapes} matrices depend on the stack size "
-                                            f"here (harness/batch_invariance.py), not bitwise: {out.message}")
+                                            f"here (harness/judging/batch_invariance.py), not bitwise: {out.message}")
 
 
 def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
@@ -287,13 +209,3 @@ def finite(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outc
 def _args(inputs: Inputs) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
     return inputs.params, inputs.grads
 
-
-CHECKS: dict[str, Callable[[Case, Target, Inputs, Trajectory], Outcome]] = {
-    "reference": reference, "megabatch": megabatch, "equiv2d": equiv2d, "fraction1": fraction1, "scale": scale,
-    "finite": finite,
-}
-
-
-from harness import robust_checks  # noqa: E402  (bf16-robust checks, built on the helpers above)
-
-CHECKS.update(robust_checks.CHECKS)

@@ -30,7 +30,7 @@ With bf16 involved, what a model leaves of the error is counted beyond a correct
 (ours', in quadrature): rounding noise is no part of any defect's structure.
 
 The structural rules rerun the case on the target (as drawn and with gradients x 2^10) (single-process cases only; ms) and
-look at the error of every step against the FP64 reference (harness.checks.reference_steps).
+look at the error of every step against the FP64 reference (harness.judging.checks.reference_steps).
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ import math
 import numpy as np
 
 from cases import Case
-from harness import robust_checks, tolerance
-from harness.checks import SCALE_FACTOR, policy, reference_steps
-from harness.inputs import Inputs, make_inputs
-from harness.metrics import compare_step
+from harness.judging import robust_checks
+from harness.judging.checks import SCALE_FACTOR, policy, reference_steps
+from harness.judging.metrics import compare_step
+from harness.policy import tolerance
+from harness.running.inputs import Inputs, make_inputs
 from harness.targets.base import Target
 from reports import Record
 
@@ -140,7 +141,9 @@ def structure(case: Case, target: Target) -> Structure:
     scaled = _relative_error(case, target, inputs.scaled(SCALE_FACTOR))
     noise = 0.0
     if "bf16" in (case.param_dtype, case.compute_dtype):
-        from harness.targets import load_target  # the targets import the runner, which imports this module
+        from harness.targets import (
+            load_target,  # the targets import the runner, which imports this module
+        )
         noise = _relative_error(case, load_target("ours"), inputs)
     return Structure(errors=[per_step[k] for k in sorted(per_step)], first_ok=first_ok, factor=factor,
                      factor_left=math.sqrt(left_sq) / err_total if err_total else 0.0,

@@ -2,7 +2,7 @@
 
   cpu   one process, CPU tensors                     single-process cases
   cuda  one process, tensors on the current GPU      single-process cases
-  gloo  a pool of CPU ranks (harness/pool.py)        distributed cases
+  gloo  a pool of CPU ranks (harness/running/pool.py)        distributed cases
   nccl  a pool of ranks, one GPU each                distributed cases
 
 A backend that cannot run a case here (no GPU, fewer GPUs than ranks, a torchrun world
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from cases import Case, axes
-from harness.inputs import Inputs
+from harness.running.inputs import Inputs
 from harness.targets.base import Target
 
 

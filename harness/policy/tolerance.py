@@ -1,7 +1,7 @@
 """The tolerance policy: an rtol per reference step, derived from the spectrum of the matrix the
 step orthogonalizes, scaled by a coefficient measured per class of the declared arithmetic.
 
-A tolerance bounds the normwise relative error of an update (see harness.metrics):
+A tolerance bounds the normwise relative error of an update (see harness.judging.metrics):
   ||err||_F <= rtol ||delta_ref||_F + STORAGE_ULPS ||ulp_param(x_ref)||_F
 
 For member i at step k of a case, judged on device class D:
@@ -15,7 +15,7 @@ For member i at step k of a case, judged on device class D:
   u    = unit roundoff of the coarser of the parameter format (the momentum buffer the target keeps)
          and the compute format the target DECLARES (Conventions.compute_dtype);
   A    = amplification of the declared orthogonalizer at the singular values of that step's
-         direction U (harness/sensitivity.py): slopes and cancellation of a polynomial schedule,
+         direction U (harness/policy/sensitivity.py): slopes and cancellation of a polynomial schedule,
          s_max / s_min of the kept singular values for the polar factor;
   c    = coefficient of the key (optimizer, param@compute, schedule, conditioning class),
          COEFFICIENT_SAFETY x the worst c a correct implementation needed on D, rounded up to two
@@ -50,18 +50,17 @@ from typing import Sequence
 import numpy as np
 
 from cases import Case, matrix_shape
-from harness import algorithms
-from harness.sensitivity import Sensitivity, of_case
+from harness.algorithms import algorithm
+from harness.policy.bounds import EXACT, STORAGE_ULPS, Tolerance
+from harness.policy.ill_posed import ILL_POSED_RTOL
+from harness.policy.sensitivity import Sensitivity, of_case
 from oracles import Conventions, Orthogonalizer
 from oracles.coefficients import (GNS_SAFETY, POLAR_EXPRESS_4DP, POLAR_EXPRESS_RAW, POLAR_EXPRESS_SAFETY,
                                   POLAR_EXPRESS_SAFETY_102, YOU_QUINTICS, Coefficients, newton_schulz_schedule,
                                   polar_express_schedule, safety_scaled)
 from oracles.rounding import machine_epsilon, opmath
 
-STORAGE_ULPS = 1.0
-"""Writing X <- X(1 - lr wd) - lr s O into the parameter dtype rounds twice, half an ulp each."""
-
-MEASURED_DIR = Path(__file__).with_name("tolerance_measured")
+MEASURED_DIR = Path(__file__).with_name("data")
 """One JSON file per device class, written by benchmarks/measure_tolerances.py."""
 
 DEVICE_CLASSES = ("cpu", "cuda")
@@ -86,10 +85,6 @@ rank-1 fp64 SVD step measured 6.5 u, its key's 24 measured cases 0)."""
 ILL_CONDITIONED = 30.0
 """Conditioning class "ill": some orthogonalized matrix has s_max / s_min above this. Gaussian directions
 of the CI shapes have 3-20; "lowrank" gradients give ~100, "rankdef" ones up to infinity at step 1."""
-
-ILL_POSED_RTOL = 0.25
-"""Above this derived rtol the reference comparison cannot tell rounding from a bug (a megabatch that
-mixes layers moves the update by ~0.7 of its norm, a wrong lr scale by more): skipped as ill-posed."""
 
 STEEP_COEFFICIENT = 8.0
 """Schedule class "poly-steep": some step has a coefficient above this in magnitude (Polar Express's
@@ -199,7 +194,7 @@ class Evidence:
 @cache
 def evidence(device: str) -> Evidence | None:
     """The measurement of device class `device`, or None if there is none."""
-    path = MEASURED_DIR / f"{device}.json"
+    path = MEASURED_DIR / f"tolerance_{device}.json"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
@@ -219,13 +214,6 @@ def coefficient(worst: float) -> float:
 
 class NoEntry(LookupError):
     """The policy has no measurement for a key: a gap of the harness, never of the target."""
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float
-    storage_ulps: float
-    source: str
 
 
 @dataclass(frozen=True)
@@ -296,7 +284,7 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
         found, note = evidence(FALLBACK_DEVICE), f"{FALLBACK_DEVICE} measurement used on {device}"
     if found is None or str(key) not in found.entries:
         named = schedule_name(conv.orthogonalizer) if conv.orthogonalizer.kind != "svd" else ""
-        how = (f"name its schedule in harness.tolerance.SCHEDULES, then measure it: "
+        how = (f"name its schedule in harness.policy.tolerance.SCHEDULES, then measure it: "
                f"benchmarks/measure_tolerances.py --device {device} --schedules NAME" if named.startswith("x")
                else f"measure it: benchmarks/measure_tolerances.py --device {device}"
                + (f" --schedules {named}" if named else ""))
@@ -313,15 +301,12 @@ def _with_included(found: Evidence, key: Key) -> tuple[Measurement, str]:
     `includes`: Dion2 with fraction 1 is Muon) and that algorithm's same key measured worse, the two
     together (that worst, the cases of both) with a note saying so."""
     own = found.entries[str(key)]
-    inner = algorithms.ALGORITHMS[key.optimizer].includes
+    inner = algorithm(key.optimizer).includes
     other = found.entries.get(str(dataclasses.replace(key, optimizer=inner))) if inner else None
     if other is None or other.worst <= own.worst:
         return own, ""
     both = Measurement(other.worst, own.median, own.n + other.n, other.worst_case)
     return both, f"; with {inner}'s same key, whose steps {key.optimizer} takes at fraction 1"
-
-
-EXACT = Tolerance(0.0, 0.0, "exact: two runs of the same arithmetic in fp64 must agree bitwise")
 
 
 def for_relation(case: Case, policy: CasePolicy, same_arithmetic: bool) -> Tolerance | str:

@@ -1,6 +1,6 @@
 """`python -m harness selftest`: the harness's detection power, proven on itself.
 
-Every defect of the catalog (harness/selftest_catalog.py) runs through exactly the path a
+Every defect of the catalog (harness/apps/selftest_catalog.py) runs through exactly the path a
 third-party target takes (its Target, harness.runner.run, every check, the diagnosis) on the
 CI-tier cases where it can show: those its `shows` names, minus the ill-posed ones (bf16 with
 rank-deficient gradients, judged for finiteness only; a Dion2 selection within rounding of a tie)
@@ -36,11 +36,14 @@ from typing import Callable, TextIO
 import torch
 
 from cases import Case, ci_cases
-from harness import checks, diagnosis, robust_checks, tolerance
 from harness.algorithms import algorithm
-from harness.inputs import Inputs, make_inputs
+from harness.apps.selftest_catalog import CATALOG, Defect, spec
+from harness.judging import checks, diagnosis, registry, robust_checks
+from harness.judging.outcome import Outcome as CheckOutcome
+from harness.policy import tolerance
+from harness.policy.bounds import Tolerance
 from harness.runner import run, run_case
-from harness.selftest_catalog import CATALOG, Defect, spec
+from harness.running.inputs import Inputs, make_inputs
 from harness.targets import load_target
 from harness.targets.base import Target
 from reports import Record
@@ -193,12 +196,12 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-def _exact(tol: tolerance.Tolerance | None) -> bool:
+def _exact(tol: Tolerance | None) -> bool:
     """An exact relation (probe, rescale, a bitwise megabatch): no rtol, only the storage rounding."""
     return tol is not None and tol.rtol == 0.0
 
 
-def _relative_allowed(out: checks.Outcome) -> float:
+def _relative_allowed(out: CheckOutcome) -> float:
     """The allowance of a normwise outcome relative to the reference step (rel_err / ratio)."""
     m = out.metrics
     if 0.0 < m.ratio < math.inf and math.isfinite(m.rel_err):
@@ -218,19 +221,19 @@ def visibility(target: Target, ours: Target, case: Case) -> list[Visibility]:
     mine = ours.run(inputs.params, inputs.grads, case)
     twin_traj = target.run(twin_inputs.params, twin_inputs.grads, twin)
     compute = target.conventions(case).compute_dtype
-    statistic_checks = set(robust_checks.STATISTIC_CHECKS) & set(robust_checks.robust_applicable(case, compute))
+    statistic_checks = set(robust_checks.STATISTIC_CHECKS) & set(registry.robust_applicable(case, compute))
     out = []
-    for name in checks.applicable(case):
+    for name in registry.applicable(case):
         if name in statistic_checks:
             continue
-        theirs = checks.CHECKS[name](case, target, inputs, traj)
-        noise = checks.CHECKS[name](case, ours, inputs, mine)
+        theirs = registry.judge(name)(case, target, inputs, [traj])
+        noise = registry.judge(name)(case, ours, inputs, [mine])
         if theirs.status not in ("pass", "fail") or noise.status != "pass":
             continue  # not judged here (skipped, unsupported)
         if _exact(theirs.tolerance):  # no rounding noise to see through: its value on the case is the effect
             effect = _finite(theirs.metrics.rel_err)
         else:
-            exact = checks.CHECKS[name](twin, target, twin_inputs, twin_traj)
+            exact = registry.judge(name)(twin, target, twin_inputs, [twin_traj])
             effect = exact.metrics.rel_err
             if math.isnan(effect):  # finite: a verdict, no error size
                 effect = math.inf if exact.status == "fail" else 0.0

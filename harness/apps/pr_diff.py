@@ -11,7 +11,7 @@
    its CI tier (`python -m harness run --tier ci`, cwd and PYTHONPATH = the worktree, this
    interpreter) into OUT/base-run; the run must record REF's commit, so the base's code is
    what ran. The worktree is removed afterwards, also on failure or SIGTERM.
-4. `python -m harness diff OUT/base-run OUT/head-run --out OUT` (the same rules, in this process)
+4. `python -m harness diff OUT/base-run OUT/head-run --out OUT` (the same rules)
    writes diff.html and diff.md; diff.md is appended to $GITHUB_STEP_SUMMARY when set.
 
 Exit status: the diff's (0 no regression, 1 regression, 2 runs not comparable), or 2 for a
@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.selection import select
+from harness.running.selection import select
 from reports import load_run
 
 PROG = "python -m harness pr-diff"
@@ -93,9 +93,9 @@ def pr_diff(base_ref: str, head_run: Path | None, out: Path, patterns: list[str]
     if ran and not base_sha.startswith(ran):
         raise PrDiffError(f"the base run records commit {ran}, not {base_ref} ({base_sha[:12]}): "
                           f"another checkout's harness ran")
-    from harness.cli import main  # the `diff` subcommand itself, so its rules are the ones applied
-
-    status = main(["diff", str(base_run), str(head), "--out", str(out)])
+    # the `diff` subcommand itself, so its rules are the ones applied
+    status = subprocess.run([sys.executable, "-m", "harness", "diff", str(base_run), str(head), "--out", str(out)]
+                            ).returncode
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary and (out / "diff.md").is_file():
         with open(summary, "a") as handle:

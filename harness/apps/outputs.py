@@ -1,12 +1,12 @@
 """The files of a finished run, written by `python -m harness run` and by the pytest plugin alike:
 the stored run (results.parquet, results.csv, run.json), report.html (with pictures of the worst
-reference checks, taken from the judged run: harness/details.py) and summary.md."""
+reference checks, taken from the judged run: harness/judging/details.py) and summary.md."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.details import Pictures
+from harness.judging.details import Pictures
 from reports import Record, RunInfo, render_html, render_markdown, save_run
 from reports.pictures import case_pictures
 

@@ -3,7 +3,7 @@
 A megabatched step and its members stepped alone run the same arithmetic only if the batched
 products (torch.bmm, torch.baddbmm) compute each matrix of a stack of B x members exactly as in a
 stack of B: then the `megabatch` relation must hold bitwise in fp64. BLAS libraries may pick their
-kernel by the batch count. On GPUs cuBLAS does (harness/backends.py); on CPU so does torch 2.13's
+kernel by the batch count. On GPUs cuBLAS does (harness/running/backends.py); on CPU so does torch 2.13's
 (MKL) for some shapes: measured on one thread, fp64 products whose first factor is m x m with m odd
 and >= 9 ([m, m] @ [m, m], [m, m] @ [m, n]; Dion2 selecting 9 of 12 rows orthogonalizes 9 x 20
 matrices) differ in their last bits (~1e-15 relative) between a stack of 2 and a stack of 1;
@@ -27,8 +27,7 @@ import torch
 
 from cases import Case
 from harness.algorithms import algorithm
-from harness.dtypes import TORCH_DTYPES
-from harness.inputs import Inputs, f64
+from harness.running.inputs import TORCH_DTYPES, Inputs, f64
 from oracles import Conventions
 
 

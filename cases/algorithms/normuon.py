@@ -1,0 +1,6 @@
+"""NorMuon's cases: the shared covering arrays; distributed only replicated or row-sharded (its row
+statistics need whole rows)."""
+
+from cases.algorithms import AlgorithmCases
+
+ENTRY = AlgorithmCases("normuon", covered=True, layouts=("replicated", "shard0"))
