@@ -83,22 +83,26 @@ def checks_of(case_id, target):
 # ---- the evidence -------------------------------------------------------------------------------------
 
 def evidence_files():
-    return sorted(tolerance.MEASURED_DIR.glob("*.json"))
+    return sorted(tolerance.MEASURED_DIR.glob("tolerance_*.json"))
+
+
+def device_of(path):
+    return path.stem.removeprefix("tolerance_")
 
 
 def test_cpu_evidence_exists_and_says_how_it_was_measured():
-    assert tolerance.MEASURED_DIR / "cpu.json" in evidence_files()
+    assert tolerance.MEASURED_DIR / "tolerance_cpu.json" in evidence_files()
     for path in evidence_files():
         meta = json.loads(path.read_text())
-        assert path.stem in tolerance.DEVICE_CLASSES
+        assert device_of(path) in tolerance.DEVICE_CLASSES
         assert meta["command"].startswith("python benchmarks/measure_tolerances.py") and "--device" in meta["command"]
-        assert meta["device"].startswith(path.stem) and meta["torch"] and meta["date"][:2] == "20"
+        assert meta["device"].startswith(device_of(path)) and meta["torch"] and meta["date"][:2] == "20"
         assert meta["entries"]
 
 
-@pytest.mark.parametrize("path", evidence_files(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", evidence_files(), ids=device_of)
 def test_every_coefficient_is_2x_to_20x_its_measured_worst(path):
-    found = tolerance.evidence(path.stem)
+    found = tolerance.evidence(device_of(path))
     for key, m in found.entries.items():
         c = tolerance.coefficient(m.worst)
         if 2.0 * m.worst <= tolerance.COEFFICIENT_FLOOR:
@@ -245,7 +249,7 @@ def test_a_missing_entry_is_unsupported_never_error():
 
 
 def test_cuda_without_its_measurement_falls_back_to_cpu_loudly(monkeypatch, tmp_path):
-    (tmp_path / "cpu.json").write_text((tolerance.MEASURED_DIR / "cpu.json").read_text())
+    (tmp_path / "tolerance_cpu.json").write_text((tolerance.MEASURED_DIR / "tolerance_cpu.json").read_text())
     monkeypatch.setattr(tolerance, "MEASURED_DIR", tmp_path)
     tolerance.evidence.cache_clear()
     try:
@@ -262,11 +266,11 @@ def test_cuda_without_its_measurement_falls_back_to_cpu_loudly(monkeypatch, tmp_
 
 
 def test_a_device_measurement_is_used_for_its_device(monkeypatch, tmp_path):
-    cpu = json.loads((tolerance.MEASURED_DIR / "cpu.json").read_text())
+    cpu = json.loads((tolerance.MEASURED_DIR / "tolerance_cpu.json").read_text())
     cuda = {**cpu, "device": "cuda: test", "entries": {k: {**v, "worst": 10 * v["worst"]}
                                                       for k, v in cpu["entries"].items()}}
-    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
-    (tmp_path / "cuda.json").write_text(json.dumps(cuda))
+    (tmp_path / "tolerance_cpu.json").write_text(json.dumps(cpu))
+    (tmp_path / "tolerance_cuda.json").write_text(json.dumps(cuda))
     monkeypatch.setattr(tolerance, "MEASURED_DIR", tmp_path)
     tolerance.evidence.cache_clear()
     try:
