@@ -5,6 +5,7 @@ optimizer (`stats`), and the module-level state left in optimizers/ (benchmarks/
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 import warnings
@@ -13,9 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from optimizers import Muon, kernels, launches, plan
-from optimizers import gram_newton_schulz as gram
-from optimizers.kernels import TORCH, Kernels
+if not torch.cuda.is_available():  # before triton's import (module_state imports every module), which reads it
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from optimizers import Muon, kernels, launches, plan  # noqa: E402
+from optimizers import gram_newton_schulz as gram  # noqa: E402
+from optimizers.kernels import TORCH, Kernels  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import module_state  # noqa: E402
