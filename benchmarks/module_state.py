@@ -5,9 +5,9 @@
 Imports every module of each package named and counts, per module, the names its own source binds at
 module level (assignments, not imports) to a mutable object: a dict, list, set, bytearray, deque (and their
 subclasses: OrderedDict, defaultdict), or an instance of a class whose instances are mutable (a non-frozen
-dataclass, any object with a writable `__dict__`). Not counted: dunder names (`__all__`), modules, classes, functions (an
-`lru_cache` wrapper included: its cache is memoization behind a function), and immutable values (numbers,
-strings, tuples, frozensets, mappingproxy, frozen dataclasses, torch dtypes). Context variables
+dataclass, any object with a writable `__dict__`). Not counted: dunder names (`__all__`), modules, classes,
+functions (an `lru_cache` wrapper included: its cache is memoization behind a function), and immutable values
+(numbers, strings, tuples, frozensets, mappingproxy, frozen dataclasses, torch dtypes). Context variables
 (contextvars.ContextVar) are listed apart: each is immutable, with a value per thread and context. Prints
 one line per module with its count (and, with --list, each name and type), then the total per package.
 """

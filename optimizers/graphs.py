@@ -128,7 +128,7 @@ class PlanGraphs:
         """The megabatch's update of `directions` now (eager), or None: it waits for `flush`."""
         member = self.members.get(key, False)
         block = stacked_block(directions)
-        if block is not None and not eligible(block):  # only read-only stages may see the live block
+        if block is not None and not eligible(block):  # an uncapturable block: a fresh stack, run eagerly below
             block = None
         if member:
             if member.static and block is not member.input:  # not the captured block: eager
