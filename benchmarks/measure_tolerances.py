@@ -108,7 +108,7 @@ def declared_polynomial(coefficients: tuple, scale: float, mats: torch.Tensor, g
     compute = group["compute_dtype"] or default_compute_dtype(mats.device)
     if group["orthogonalizer"] == "gram_newton_schulz":
         return gram.gram_newton_schulz(mats, coefficients, scale, group["eps"], compute,
-                                       tuple(group["gram_restarts"]), gram.STATS)
+                                       tuple(group["gram_restarts"]))
     x = mats.to(compute)
     tall = x.size(-2) > x.size(-1)
     x = x.mT if tall else x

@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from optimizers import symmetric  # noqa: E402
+from optimizers.kernels import TORCH  # noqa: E402
 
 SHAPES = [  # (label, batch, m, k, kind): "gram" is X Xᵀ, "gram-t" the same with X a transposed view (a tall
     # matrix's transpose, as Gram Newton-Schulz orients it), "poly" is beta C + alpha C·C
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
             block = symmetric.BLOCK if m >= 2 * symmetric.BLOCK else max(1, m // 4)
             nb = symmetric.blocks(m, block)
             row(case, "torch row blocks", f"{nb} blocks",
-                lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block), (nb + 1) / (2 * nb))
+                lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block, TORCH), (nb + 1) / (2 * nb))
         run_rows(runs, cases, started_tags, row, skip, args, started, kernel, tile, tile_k)
     except ContextLost as lost:  # an illegal address (say) leaves this process's CUDA context unusable
         if args.restarts >= 3:

@@ -17,6 +17,7 @@ from typing import Sequence
 
 from optimizers import gram_newton_schulz as gram
 from optimizers.coefficients import normaliser_scale, schedule
+from optimizers.kernels import TORCH, Kernels
 from optimizers.norms import frobenius
 
 ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd", "gram_newton_schulz")
@@ -24,13 +25,13 @@ SCHEDULES = ("polar_express", "newton_schulz")
 """Coefficient schedules Gram Newton-Schulz can run (`ns_coefficients`); the default is the first."""
 
 
-def polynomial(x: torch.Tensor, name: str, steps: int, eps: float) -> torch.Tensor:
+def polynomial(x: torch.Tensor, name: str, steps: int, eps: float, kernels: Kernels = TORCH) -> torch.Tensor:
     """Run orthogonalizer `name` for `steps` on every matrix of x [B, m, n], in x's dtype."""
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
     norm = frobenius(x, (-2, -1), keepdim=True)
-    x = gram.standard_steps(x / (norm * normaliser_scale(name) + eps), schedule(name, steps))
+    x = gram.standard_steps(x / (norm * normaliser_scale(name) + eps), schedule(name, steps), kernels)
     return x.mT if tall else x
 
 
@@ -44,14 +45,15 @@ def polar_via_svd(x: torch.Tensor) -> torch.Tensor:
 
 def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype: torch.dtype,
                   coefficients: str | None = None, restarts: Sequence[int] = gram.RESTARTS,
-                  out_dtype: torch.dtype | None = None, norms: torch.Tensor | None = None) -> torch.Tensor:
+                  out_dtype: torch.dtype | None = None, norms: torch.Tensor | None = None,
+                  kernels: Kernels = TORCH) -> torch.Tensor:
     """orth(x) for a stack x [B, m, n], computed in `compute_dtype`, returned in `out_dtype` (default x's).
 
     `coefficients` and `restarts` apply to "gram_newton_schulz" only: its schedule (SCHEDULES) and the
-    steps before which it re-forms X and R; divergences it recomputes are counted in gram.STATS. So does
-    `norms`: the Frobenius norms [B] of x's matrices, already known, in x's precision (at least fp32), which
-    it divides by instead of forming its own (the other orthogonalizers form theirs in the compute dtype:
-    ValueError)."""
+    steps before which it re-forms X and R; divergences it recomputes are counted (optimizers/counters.py).
+    So does `norms`: the Frobenius norms [B] of x's matrices, already known, in x's precision (at least fp32),
+    which it divides by instead of forming its own (the other orthogonalizers form theirs in the compute dtype:
+    ValueError). `kernels`: the Triton kernels the polynomial orthogonalizers may take (optimizers/kernels.py)."""
     out_dtype = out_dtype or x.dtype
     if name not in ORTHOGONALIZERS:
         raise ValueError(f"unknown orthogonalizer {name!r}; expected one of {ORTHOGONALIZERS}")
@@ -65,8 +67,8 @@ def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dt
     if name == "gram_newton_schulz":
         coefficients = coefficients or SCHEDULES[0]
         return gram.gram_newton_schulz(x, schedule(coefficients, steps), normaliser_scale(coefficients), eps,
-                                       compute_dtype, restarts, gram.STATS, out_dtype, norms)
+                                       compute_dtype, restarts, out_dtype, norms, kernels)
     if name == "svd":
         svd_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
         return gram.as_dtype(polar_via_svd(x.to(svd_dtype)), out_dtype)
-    return gram.as_dtype(polynomial(x.to(compute_dtype), name, steps, eps), out_dtype)
+    return gram.as_dtype(polynomial(x.to(compute_dtype), name, steps, eps, kernels), out_dtype)

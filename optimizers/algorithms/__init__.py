@@ -4,7 +4,8 @@ one module defining its record and one entry here."""
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from typing import Any, Mapping
 
 from optimizers.algorithms.adamw import ADAMW
 from optimizers.algorithms.base import Algorithm, StateKey
@@ -12,7 +13,7 @@ from optimizers.algorithms.dion2 import DION2, NORDION2
 from optimizers.algorithms.muon import MUON
 from optimizers.algorithms.normuon import NORMUON
 
-REGISTRY: dict[str, Algorithm] = {a.name: a for a in (MUON, NORMUON, DION2, NORDION2, ADAMW)}
+REGISTRY: Mapping[str, Algorithm] = types.MappingProxyType({a.name: a for a in (MUON, NORMUON, DION2, NORDION2, ADAMW)})
 
 
 def resolve(where: str, algorithm: Any) -> Algorithm:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Any, Callable
 
 import torch
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 from optimizers.algorithms.base import Algorithm, Group, State, StateKey, parameter_shape
-from optimizers.algorithms.muon import MUON, matrix_lr_scale, orthogonalize_group, validate_muon
+from optimizers.algorithms.muon import MUON, matrix_lr_scale, validate_muon
 from optimizers.algorithms.normuon import NORMUON, validate_variance
 from optimizers.distributed import chunk_sizes, local
 from optimizers.matrix_view import as_matrices, matrix_dims
@@ -264,7 +265,7 @@ def whole_rows(where: str, index: int, p: torch.Tensor) -> None:
 
 
 SCOPES = ("local", "global")
-DION2_DEFAULTS = dict(fraction=0.25, ef_decay=0.95, selection_scope="local")
+DION2_DEFAULTS = types.MappingProxyType(dict(fraction=0.25, ef_decay=0.95, selection_scope="local"))
 
 DION2 = Algorithm(
     name="dion2",
@@ -273,7 +274,7 @@ DION2 = Algorithm(
     state=(StateKey("momentum", parameter_shape),),
     direction=selected_direction,
     select=_selector(rows_only=False),
-    orthogonalize=orthogonalize_group,
+    orthogonalize=MUON.orthogonalize,
     lr_scale=matrix_lr_scale,
     check_layout=one_dim_mesh,
 )
