@@ -17,14 +17,13 @@ import torch
 
 from optimizers import checkpoint, distributed, plan, tensor_parallel
 from optimizers.agreement import agree
-from optimizers.algorithms import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, resolve
+from optimizers.algorithms import REGISTRY, Algorithm, resolve
+from optimizers.algorithms.adamw import ADAMW
+from optimizers.algorithms.muon import MUON
 from optimizers.counters import Stats, counting
 from optimizers.graphs import PlanGraphs
 from optimizers.groups import check_group, check_scalars, filled
 from optimizers.validation import check_layouts
-
-OPTIONS = frozenset(k for a in REGISTRY.values() for k in a.defaults)
-"""Options the constructor takes beyond its named ones: those of every registered algorithm."""
 
 
 class Muon(torch.optim.Optimizer):
@@ -53,7 +52,6 @@ class Muon(torch.optim.Optimizer):
         they differ, or that one rank rejects, raises on every rank before any rank writes
         (optimizers/agreement.py).
       betas, adamw_eps: hyper-parameters of "adamw" groups.
-      beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups.
       algorithm: the default group algorithm: a registered name ("muon", "normuon", "adamw") or an
         `Algorithm` record (optimizers/algorithms/base.py); a variant that wraps a stock stage with
         `before`/`after` keeps its fast paths (optimizers/algorithms/stages.py).
@@ -78,7 +76,8 @@ class Muon(torch.optim.Optimizer):
         megabatches side by side on parallel streams (polynomial orthogonalizers only; the same bits as
         eager; optimizers/graphs.py). Per group: the graph holds the megabatches of the groups that ask
         for it, and the others run eagerly beside it. Off CUDA it changes nothing. Default False.
-      options: options of other registered algorithms; a group's missing options default from its record.
+      options: options of the other registered algorithms (NorMuon's beta2 and variance_eps, Dion2's
+        fraction, ef_decay and selection_scope); a group's missing options default from its record.
 
     `stats` (optimizers/counters.py) counts what the steps computed: Gram Newton–Schulz's matrices and
     divergence fallbacks, the Triton kernel's products.
@@ -100,13 +99,13 @@ class Muon(torch.optim.Optimizer):
                  compute_dtype: torch.dtype | None = MUON.defaults["compute_dtype"],
                  eps: float = MUON.defaults["eps"], mesh: Any = None,
                  betas: tuple[float, float] = ADAMW.defaults["betas"],
-                 adamw_eps: float = ADAMW.defaults["adamw_eps"], beta2: float = NORMUON.defaults["beta2"],
-                 variance_eps: float = NORMUON.defaults["variance_eps"], algorithm: str | Algorithm = "muon",
+                 adamw_eps: float = ADAMW.defaults["adamw_eps"], algorithm: str | Algorithm = "muon",
                  tp_mode: str = MUON.defaults["tp_mode"], tp_dim: str = "tp", fused: bool | None = None,
                  cuda_graphs: bool = False, **options: Any) -> None:
-        unknown = sorted(set(options) - OPTIONS)
+        known = {k for a in REGISTRY.values() for k in a.defaults}
+        unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"Muon() got unknown options {unknown}; known: {sorted(OPTIONS)}")
+            raise TypeError(f"Muon() got unknown options {unknown}; known: {sorted(known)}")
         if not isinstance(tp_dim, str):
             raise TypeError(f"Muon(tp_dim=...) must be a mesh dim name (str), got {tp_dim!r}")
         self._group = distributed.process_group(mesh)
@@ -114,7 +113,7 @@ class Muon(torch.optim.Optimizer):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         adjust_lr=adjust_lr, flatten=flatten, orthogonalizer=orthogonalizer,
                         ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm=algorithm, tp_mode=tp_mode,
-                        betas=betas, adamw_eps=adamw_eps, beta2=beta2, variance_eps=variance_eps, fused=fused,
+                        betas=betas, adamw_eps=adamw_eps, fused=fused,
                         cuda_graphs=cuda_graphs, **options)
         super().__init__(params, defaults)
 
@@ -225,13 +224,3 @@ class _Cached:
     fingerprint: list[tuple]
     digest: int
     graphs: PlanGraphs
-
-
-class NorMuon(Muon):
-    """Muon whose groups default to algorithm "normuon" (Li et al., 2025, arXiv:2510.05491):
-    the orthogonalized update's rows are normalised by a running second moment, then its
-    Frobenius norm is restored (optimizers/algorithms/normuon.py). Takes every Muon option, plus
-    beta2 (default 0.95) and variance_eps (default 1e-8)."""
-
-    def __init__(self, params: Iterable[Any], **options: Any) -> None:
-        super().__init__(params, **{"algorithm": "normuon", **options})

@@ -12,7 +12,7 @@ import torch
 
 from optimizers import Muon, graphs, plan
 from optimizers import gram_newton_schulz as gram
-from optimizers.algorithms import ADAMW, DION2, MUON, NORMUON
+from optimizers import ADAMW, DION2, MUON, NORMUON
 from optimizers.algorithms.muon import orthogonalize_group
 
 SHAPES = ((6, 10), (6, 10), (10, 6), (4, 3, 2, 2))

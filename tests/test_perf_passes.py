@@ -201,5 +201,5 @@ def test_a_large_wide_result_is_applied_in_the_compute_dtype_with_the_same_bits(
     assert direct(NORMUON_RECORD, group, example, fused=True) is None
 
 
-from optimizers.algorithms import MUON as MUON_RECORD  # noqa: E402
-from optimizers.algorithms import NORMUON as NORMUON_RECORD
+from optimizers import MUON as MUON_RECORD  # noqa: E402
+from optimizers import NORMUON as NORMUON_RECORD

@@ -17,6 +17,8 @@ checkpoints stay shard-compatible. Megabatched: the math runs on the stacked
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 import dataclasses
 
 import torch
@@ -108,3 +110,17 @@ NORMUON = dataclasses.replace(
     postprocess=row_normalise,
     check_layout=whole_rows,
 )
+
+
+# The convenience class, after the record: `optimizers.muon` imports this package, not this module.
+from optimizers.muon import Muon  # noqa: E402
+
+
+class NorMuon(Muon):
+    """Muon whose groups default to algorithm "normuon" (Li et al., 2025, arXiv:2510.05491):
+    the orthogonalized update's rows are normalised by a running second moment, then its
+    Frobenius norm is restored (the record above). Takes every Muon option, plus
+    beta2 (default 0.95) and variance_eps (default 1e-8)."""
+
+    def __init__(self, params: Iterable[Any], **options: Any) -> None:
+        super().__init__(params, **{"algorithm": "normuon", **options})
