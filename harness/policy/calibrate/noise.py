@@ -1,5 +1,6 @@
-"""Measure the noise of the bf16-robust statistics (harness/judging/robust_checks.py) on a correct bf16
-implementation (ours), and write harness/bf16_noise.json, the tolerances' data.
+"""Measure the noise of the bf16-robust statistics (harness/judging/robust_checks.py) on correct bf16
+implementations, and write it as a table (harness/policy/tables.py, kind "noise"; harness/policy/noise.py
+reads it).
 
 For every noise key (algorithm, parameter@compute dtype, orthogonalizer) with bf16 involved, it
 runs ours over every CI layer x flatten x Nesterov x gradient kind
@@ -11,24 +12,24 @@ nightly layers are not measured (their bf16 runs cost minutes each on CPU), so t
 judge only the measured layers.
 
 --drawn N also measures the cases among N drawn by the property tests' strategy (cases.strategies,
-as benchmarks/measure_tolerances.py --drawn) that the robust checks judge: any megabatch, 1-3 steps,
+as harness.policy.calibrate.coefficients --drawn) that the robust checks judge: any megabatch, 1-3 steps,
 any seed, weight decay and fraction, so the noise of every key is measured where the property tests
 reach it, not only on seed 0 at megabatch 1 (a drawn linear_row case with tiny gradients measured
 its norm statistic at 1.1x the tolerance its key's 26 seed-0 cases gave). --tier none measures drawn
 cases alone; --seeds N measures every grid point at seeds 0..N-1 (the noise of a
 matrix with one singular value, linear_row, is its one scalar's rounding: no averaging, so its worst
 needs more draws); --skip REGEX leaves out cases whose id matches; --merge FILE ... folds earlier
-measurement files into --out (per key and statistic the worst of all, counts summed; the measuring
-commands listed in "commands"), --drop REGEX leaving out their keys that match (stale ones, measured
+tables into --out (per key and statistic the worst of all, counts summed; the measuring commands listed in
+the provenance), --drop REGEX leaving out their keys that match (stale ones, measured
 before their statistic changed).
 
 --schedules NAME ... measures, instead of ours' schedules, every selected polynomial case run by ours with
-each named schedule's coefficients and normaliser scale (harness/policy/tolerance.py SCHEDULES, or ours by option
-name on another orthogonalizer's cases; benchmarks/measure_tolerances.py DeclaredSchedule): the noise of a
-correct implementation of a schedule a peer declares, keyed as robust_checks.noise_key keys the peer
+each named schedule's coefficients and normaliser scale (harness/policy/keys.py SCHEDULES, or ours by option
+name on another orthogonalizer's cases; harness.policy.calibrate.coefficients DeclaredSchedule): the noise of a
+correct implementation of a schedule a peer declares, keyed as harness/policy/keys.py noise_key keys the peer
 ("muon/fp32@bf16/newton_schulz:you/gaussian"); --eps EPS runs it with that normaliser eps (a peer's own,
 dion's 1e-8), which only the tiny gradients' keys carry ("tiny:eps1e-08"). The committed file's schedule
-keys, each the orthogonalizer whose cases a built-in peer runs the schedule on (the file's "commands"
+keys, each the orthogonalizer whose cases a built-in peer runs the schedule on (the table's commands
 merge them in this order, each into the last):
 
   --seeds 4 --schedules you --skip '^(?!(muon|normuon)/.*/ns/)'            (dion, heavyball, gram-newton-schulz, emerging)
@@ -38,7 +39,8 @@ merge them in this order, each into the last):
   --seeds 4 --schedules pe105 --skip '^(?!muon/.*/(pe|gns)/)'              (gram-newton-schulz)
   --seeds 4 --schedules pe4dp --skip '^(?!muon/.*/pe/)'                    (emerging-optimizers)
 
-  python benchmarks/measure_bf16_noise.py [--jobs N] [--out harness/bf16_noise.json] [--tier ci|none] [--seeds N]
+  python -m harness.policy.calibrate.noise [--jobs N] [--out harness/policy/data/bf16_noise.json] [--tier ci|none]
+      [--seeds N]
       [--skip REGEX] [--drawn N --drawn-seed S --optimizers NAME ...] [--merge FILE ... [--drop REGEX]]
       [--schedules NAME ... [--eps EPS]]
 """
@@ -46,24 +48,22 @@ merge them in this order, each into the last):
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import multiprocessing
+import platform
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from benchmarks.measure_tolerances import MEASURABLE, DeclaredSchedule, drawn  # noqa: E402
-from cases import Case, axes  # noqa: E402
-from harness.judging import robust_checks  # noqa: E402
-from harness.running.inputs import make_inputs  # noqa: E402
-from harness.targets import load_target  # noqa: E402
+from cases import Case, algorithms, axes
+from harness.judging import robust_checks
+from harness.policy import keys, noise, tables
+from harness.policy.calibrate import command, folded, provenance
+from harness.policy.calibrate.coefficients import MEASURABLE, DeclaredSchedule, drawn
+from harness.running.inputs import make_inputs
+from harness.targets import load_target
 
 MEASURED_FRACTION = 0.5
 """The fraction of slices Dion2 and NorDion2 select in the measurement."""
@@ -74,13 +74,13 @@ def measurement_cases(seeds: int = 1) -> list[Case]:
     out = []
     cycle = itertools.count()
     # Gram Newton-Schulz last, so that adding it left the other keys' cases (and lr modes) as they were.
-    keys = [*itertools.product(axes.OPTIMIZERS, axes.DTYPE_PAIRS, axes.ORTHOGONALIZERS),
-            *itertools.product(axes.OPTIMIZERS, axes.DTYPE_PAIRS, (axes.GRAM,))]
-    for optimizer, (pd, cd), orth in keys:
+    grid = [*itertools.product(algorithms.names(), axes.DTYPE_PAIRS, axes.ORTHOGONALIZERS),
+            *itertools.product(algorithms.names(), axes.DTYPE_PAIRS, (axes.GRAM,))]
+    for optimizer, (pd, cd), orth in grid:
         if "bf16" not in (pd, cd) or not axes.compute_ok(orth, cd):
             continue
         for layer, (_, shape) in axes.LAYERS.items():
-            selecting = optimizer in axes.SELECTING
+            selecting = optimizer in algorithms.selecting()
             for flatten, nesterov, seed, grad in itertools.product((False, True), (False, True), range(seeds),
                                                                    robust_checks.GRADIENTS):
                 if (flatten and len(shape) < 3) or (selecting and nesterov):
@@ -92,9 +92,9 @@ def measurement_cases(seeds: int = 1) -> list[Case]:
     return out
 
 
-def measure(job: str | tuple[str, str | None, float | None]) -> tuple[str, dict[str, float]]:
+def measure(job: str | tuple[str, str | None, float | None]) -> tuple[keys.Key, dict[str, float]]:
     """The noise key and statistics of one run: a case id (ours), or (case id, schedule name or None, eps
-    or None): ours with that schedule (benchmarks/measure_tolerances.py DeclaredSchedule) and eps."""
+    or None): ours with that schedule (harness.policy.calibrate.coefficients DeclaredSchedule) and eps."""
     torch.set_num_threads(1)
     case_id, schedule, eps = (job, None, None) if isinstance(job, str) else job
     case = Case.from_id(case_id)
@@ -102,34 +102,13 @@ def measure(job: str | tuple[str, str | None, float | None]) -> tuple[str, dict[
     inputs = make_inputs(case)
     values = robust_checks.statistics(case, target, inputs, target.run(inputs.params, inputs.grads, case))
     declared = target.conventions(case).orthogonalizer
-    return robust_checks.noise_key(case, case.compute_dtype, declared=declared), values
-
-
-def merged(worst: dict[str, dict[str, float]], counts: dict[str, int], files: list[Path], drop: str | None
-           ) -> tuple[dict[str, dict[str, float]], dict[str, int], list[str]]:
-    """`worst` and `counts` with the measurement `files` folded in, except their keys matching `drop`: per
-    key and statistic the largest worst, counts summed; and the files' commands, each once."""
-    worst = {k: dict(v) for k, v in worst.items()}
-    counts, commands = dict(counts), []
-    for path in files:
-        data = json.loads(path.read_text())
-        made = data.get("commands", [f"python benchmarks/measure_bf16_noise.py  # {path.name} of {data['date']}"])
-        commands += [c for c in made if c not in commands]
-        for key, stats in data["worst"].items():
-            if drop and re.search(drop, key):
-                continue
-            mine = worst.setdefault(key, {})
-            for stat, value in stats.items():
-                mine[stat] = max(mine.get(stat, 0.0), value)
-            counts[key] = counts.get(key, 0) + data["cases"][key]
-    return ({k: dict(sorted(v.items())) for k, v in sorted(worst.items())}, dict(sorted(counts.items())),
-            commands)
+    return keys.noise_key(case, case.compute_dtype, declared=declared), values
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=max(1, multiprocessing.cpu_count()))
-    parser.add_argument("--out", type=Path, default=robust_checks.NOISE_FILE)
+    parser.add_argument("--out", type=Path, default=tables.DATA_DIR / noise.NOISE_TABLE)
     parser.add_argument("--tier", default="ci", choices=("ci", "none"),
                         help="ci: the cases above; none: only --drawn cases")
     parser.add_argument("--seeds", type=int, default=1, help="ci: case seeds 0..N-1 at every grid point")
@@ -138,13 +117,13 @@ def main() -> int:
                         "property tests' strategy")
     parser.add_argument("--drawn-seed", type=int, default=0, help="Hypothesis seed of --drawn")
     parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
-    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
-    parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="tables folded into --out")
+    parser.add_argument("--drop", default=None, help="keys of --merge tables left out (regular expression)")
     parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
                         help="instead of ours' schedules, every selected polynomial case run by ours with each of "
-                             "these (harness/policy/tolerance.py SCHEDULES, or ours by option name)")
+                             "these (harness/policy/keys.py SCHEDULES, or ours by option name)")
     parser.add_argument("--eps", type=float, default=None, help="with --schedules: the normaliser's eps (default "
-                        "ours'); only tiny gradients' keys depend on it (robust_checks.EPS_GRADIENTS)")
+                        "ours'); only tiny gradients' keys depend on it (harness/policy/keys.py EPS_GRADIENTS)")
     args = parser.parse_args()
     missing = [str(p) for p in args.merge if not p.is_file()]
     if args.drawn < 0 or args.seeds < 1 or missing:
@@ -159,21 +138,19 @@ def main() -> int:
         (i, name, args.eps) for name in args.schedules for i in ids if Case.from_id(i).orthogonalizer != "svd"]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         results = pool.map(measure, jobs, chunksize=4)
-    per_key: dict[str, dict[str, list[float]]] = {}
+    per_key: dict[keys.Key, dict[str, list[float]]] = {}
     for key, values in results:
         for stat, value in values.items():
             per_key.setdefault(key, {}).setdefault(stat, []).append(abs(value))
-    worst = {k: {s: float(np.max(v)) for s, v in stats.items()} for k, stats in per_key.items()}
-    counts = {k: len(stats["norm"]) for k, stats in per_key.items()}
-    command = "python benchmarks/measure_bf16_noise.py " + " ".join(a for a in sys.argv[1:])
-    worst, counts, commands = merged(worst, counts, args.merge, args.drop)
-    data = {"about": "worst |statistic| of optimizers.Muon (ours) per bf16 noise key; written by "
-                     "benchmarks/measure_bf16_noise.py", "torch": torch.__version__,
-            "date": datetime.date.today().isoformat(), "layers": sorted(axes.LAYERS),
-            "commands": [command, *commands], "cases": counts, "worst": worst}
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
-    for key in worst:
-        print(f"{key:36} n={counts[key]:4} " + "  ".join(f"{s} {worst[key][s]:.2e}" for s in worst[key]))
+    entries = {k: tables.Entry(len(stats["norm"]), {s: float(np.max(v)) for s, v in stats.items()})
+               for k, stats in per_key.items()}
+    made = tables.Table("noise", "worst |statistic| of correct bf16 implementations per bf16 noise key",
+                        provenance(command("noise"), f"cpu: {platform.machine()}"), entries, {"layers": sorted(axes.LAYERS)},
+                        ("ours",))
+    table = folded(made, args.merge, args.drop, runs_made=bool(jobs))
+    tables.write(table, args.out)
+    for key, entry in table.entries.items():
+        print(f"{str(key):36} n={entry.n:4} " + "  ".join(f"{s} {v:.2e}" for s, v in entry.worst.items()))
     return 0
 
 

@@ -1,15 +1,15 @@
-"""Measure the tolerance coefficients of harness/policy/tolerance.py on one device class; write them as data.
+"""Measure the tolerance coefficients of harness/policy/tolerance.py on one device class; write them as a
+table (harness/policy/tables.py, kind "coefficient").
 
-For every case of a tier (a distributed one as its single-process equivalent), optimizers.Muon runs on the device and each step is
-compared with the FP64 oracle. A step needs rtol = (||err|| - storage allowance) / ||delta_ref||;
+For every case of a tier (a distributed one as its single-process equivalent), optimizers.Muon runs on the
+device and each step is compared with the FP64 oracle. A step needs rtol = (||err|| - storage allowance) / ||delta_ref||;
 divided by u * max(1, A) (harness/policy/sensitivity.py: the amplification at the singular values of the
 direction that step orthogonalizes) that is the step's coefficient c. Each case is measured twice: as
 drawn, and with its gradients x 2^10 (the run the `scale` check judges against its own reference).
-Per policy key (optimizer, param@compute, schedule class, conditioning class) the file records the
-worst c (the policy's coefficient is derived from it: harness/policy/tolerance.py), the median, the number
-of runs and the worst run's id.
+Per coefficient key (harness/policy/keys.py) the table records the worst c (the policy's coefficient is
+its allowance: harness/policy/allowance.py), the median, the number of runs and the worst run's id.
 
-Schedules a peer declares other than ours (harness/policy/tolerance.py SCHEDULES: Jiacheng You's quintics,
+Schedules a peer declares other than ours (harness/policy/keys.py SCHEDULES: Jiacheng You's quintics,
 other Polar Express tables) are measured with --schedules NAME ...: every selected polynomial case run by
 our optimizer with that schedule's coefficients and normaliser scale in place of its own (the standard
 iteration, or the Gram one with our restarts on a Gram case): a correct implementation of the declared
@@ -23,8 +23,8 @@ are left out of fp16 (OUT_OF_FP16_RANGE).
 Runs with an SVD rank cut-off among their singular values or an ill-posed Dion2 selection are not
 counted (no rtol judges them).
 
-  python benchmarks/measure_tolerances.py --device cpu --out harness/tolerance_measured/cpu.json
-  python benchmarks/measure_tolerances.py --device cuda --out harness/tolerance_measured/cuda.json
+  python -m harness.policy.calibrate.coefficients --device cpu --out harness/policy/data/tolerance_cpu.json
+  python -m harness.policy.calibrate.coefficients --device cuda --out harness/policy/data/tolerance_cuda.json
       [--tier ci|nightly|gpu] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
       [--drawn N --drawn-seed S --optimizers NAME ... --per-key K] [--merge FILE ... [--drop REGEX]]
       [--shard I/N] [--schedules NAME ...]
@@ -36,11 +36,11 @@ it, not only on the tiers' few (a rank-1 fp32 Polar Express key had 3 tier cases
 storage allowance, and a Hypothesis case needed 4x its coefficient). --tier none measures drawn cases
 alone; --per-key K skips a case whose key already has K measured cases (the --merge files' count too),
 so the time goes to the keys few cases reach.
---merge FILE ... folds earlier measurement files into --out: per key the worst of all files (and
-its case), the median of the largest file, counts summed; --drop REGEX leaves out the merged
-files' keys that match (stale ones, e.g. measured before their amplification changed).
+--merge FILE ... folds earlier tables into --out (harness/policy/calibrate `folded`: per key the worst of
+all and its case, the median of the largest, counts summed); --drop REGEX leaves out the merged tables'
+keys that match (stale ones, e.g. measured before their amplification changed).
 
-The committed cpu.json is a merge (its "command" field lists every run): the whole nightly tier for
+The committed tolerance_cpu.json is a merge (its provenance lists every command): the whole nightly tier for
 Muon and NorMuon, the CI tier's Dion2 and NorDion2 cases, and cases drawn by the property tests'
 strategy (Muon, Dion2, NorDion2; --per-key for the rare keys), in the time a 2-core machine shared
 by many allowed. Its Dion2/NorDion2 entries were re-measured after their amplification became that
@@ -51,16 +51,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import json
 import platform
 import re
-import shlex
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +66,8 @@ from cases import TIERS, Case, tier
 from harness.algorithms import algorithm
 from harness.judging.checks import SCALE_FACTOR, reference_steps, unscalable
 from harness.judging.metrics import compare_step
-from harness.policy import sensitivity, tolerance
+from harness.policy import keys, sensitivity, tables, tolerance
+from harness.policy.calibrate import command, folded, provenance
 from harness.policy.bounds import STORAGE_ULPS
 from harness.running import backends
 from harness.running.inputs import TORCH_DTYPES, f64, make_inputs
@@ -119,7 +116,7 @@ def declared_polynomial(coefficients: tuple, scale: float, mats: torch.Tensor, g
     return (x.mT if tall else x).to(mats.dtype)
 
 
-MEASURABLE = {**tolerance.OWN_SCHEDULES, **tolerance.SCHEDULES}
+MEASURABLE = {**keys.OWN_SCHEDULES, **keys.SCHEDULES}
 """Schedules --schedules takes: the named peer schedules, and ours by option name (on a Gram case,
 "newton_schulz" is Keller Jordan's quintic under the Gram iteration, which our tiers' Gram cases do not run)."""
 
@@ -212,54 +209,14 @@ def drawn(n: int, at: int, optimizers: tuple[str, ...]) -> list[Case]:
     return list(dict.fromkeys(found))
 
 
-TOTALS = ("cases", "runs", "ill_posed_not_counted", "seconds")
-"""Meta fields of a measurement file that a merge sums."""
-
-
-def measuring_commands(command: str) -> list[str]:
-    """The commands of a measurement file's "command" field that measured runs (a pure merge adds
-    no evidence of its own), without their comments, each once, in order."""
-    found = []
-    for part in command.split(" ; "):
-        part = part.split("  #")[0].strip()
-        pure_merge = "--merge" in part and "--drawn" not in part and "--tier none" in part
-        if part and not pure_merge and part not in found:
-            found.append(part)
-    return found
-
-
-def merged(entries: dict[str, dict], files: list[Path], drop: str | None
-           ) -> tuple[dict[str, dict], list[str], dict[str, float]]:
-    """`entries` with the entries of measurement `files` folded in (see --merge), the files'
-    commands and their TOTALS summed."""
-    out = {k: dict(v) for k, v in entries.items()}
-    commands, totals = [], dict.fromkeys(TOTALS, 0.0)
-    for path in files:
-        data = json.loads(path.read_text())
-        commands += measuring_commands(data["command"])
-        for name in TOTALS:
-            totals[name] += data.get(name, 0)
-        for key, v in data["entries"].items():
-            if drop and re.search(drop, key):
-                continue
-            if key not in out:
-                out[key] = dict(v)
-                continue
-            mine = out[key]
-            worst = v if v["worst"] > mine["worst"] else mine
-            median = v["median"] if v["n"] > mine["n"] else mine["median"]
-            out[key] = {**worst, "median": median, "n": mine["n"] + v["n"]}
-    return out, commands, totals
-
-
-def policy_key(case: Case, target: OursMuon) -> str:
-    """The policy key of `case` as `target` declares it (from the FP64 oracle alone: cheap)."""
+def policy_key(case: Case, target: OursMuon) -> keys.Key:
+    """The coefficient key of `case` as `target` declares it (from the FP64 oracle alone: cheap)."""
     conv = target.conventions(case)
     sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in make_inputs(case).grads])
-    return str(tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)))
+    return keys.coefficient_key(case, conv, tolerance.conditioning_class(case, sens))
 
 
-def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[tolerance.Key, float, str]]:
+def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[keys.Key, float, str]]:
     """(policy key, worst coefficient c over the steps, which run) of the case's run and of its scaled
     run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run is
     left out where an SVD rank cut-off sits among its direction's singular values or its selection is
@@ -285,7 +242,7 @@ def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[to
             needed = m.rel_err * max(0.0, 1.0 - 1.0 / m.ratio) if m.ratio > 0 else 0.0
             i, k = divmod(n, case.steps)
             worst = max(worst, needed / (u * max(1.0, sens[i][k].amplification)))
-        out.append((tolerance.key_of(case, conv, tolerance.conditioning_class(case, sens)), worst, suffix))
+        out.append((keys.coefficient_key(case, conv, tolerance.conditioning_class(case, sens)), worst, suffix))
     return out
 
 
@@ -299,27 +256,31 @@ def main() -> None:
     parser.add_argument("--skip", default=None, help="leave out cases whose id matches this regular expression")
     parser.add_argument("--whole", default=None, help="cases whose id matches this regular expression are all "
                         "measured, like the CI tier's")
-    parser.add_argument("--every", type=int, default=1, help="every N-th of the other selected cases (the CI tier is always measured whole)")
+    parser.add_argument("--every", type=int, default=1, help="every N-th of the other selected cases (the CI tier "
+                        "is always measured whole)")
     parser.add_argument("--shard", default="0/1", help="I/N: only the I-th of N interleaved slices of the runs "
                         "(shards run in parallel and are merged)")
     parser.add_argument("--drawn", type=int, default=0, help="also N cases drawn by the property tests' strategy")
     parser.add_argument("--drawn-seed", type=int, default=0, help="Hypothesis seed of --drawn")
     parser.add_argument("--optimizers", nargs="+", default=["muon"], help="optimizers of --drawn cases")
-    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="measurement files folded into --out")
-    parser.add_argument("--drop", default=None, help="keys of --merge files left out (regular expression)")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="tables folded into --out")
+    parser.add_argument("--drop", default=None, help="keys of --merge tables left out (regular expression)")
     parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
-                        help="measure these schedules (harness/policy/tolerance.py SCHEDULES, or ours by name) on the "
+                        help="measure these schedules (harness/policy/keys.py SCHEDULES, or ours by name) on the "
                         "polynomial cases, run by our optimizer, instead of the cases' own")
     parser.add_argument("--per-key", type=int, default=0, help="skip a case whose key already has this many "
-                        "measured cases (--merge files count): time goes to the keys few cases reach")
+                        "measured cases (--merge tables count): time goes to the keys few cases reach")
     args = parser.parse_args()
     if args.drawn < 0 or args.every < 1:
         parser.error("--drawn must be >= 0 and --every >= 1")
     missing = [str(p) for p in args.merge if not p.is_file()]
     if missing:
         parser.error(f"--merge: no such file {missing}")
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    if not 0 <= shard < shards:
+        parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N")
     start = time.perf_counter()
-    merging_only = args.tier == "none" and not args.drawn  # folds --merge files: no run, no device
+    merging_only = args.tier == "none" and not args.drawn  # folds --merge tables: no run, no device
     if args.device == "cuda" and not torch.cuda.is_available() and not merging_only:
         sys.exit("--device cuda: no CUDA device visible")
     device = backends.get(args.device).device() if not merging_only else torch.device("cpu")
@@ -330,12 +291,10 @@ def main() -> None:
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
-    shard, shards = (int(x) for x in args.shard.split("/"))
-    if not 0 <= shard < shards:
-        parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N")
     todo = runs(cases, tuple(args.schedules))[shard::shards]
-    found: dict[tolerance.Key, list[tuple[float, str]]] = defaultdict(list)
-    counts = Counter({k: v["n"] for k, v in merged({}, args.merge, args.drop)[0].items()})
+    found: dict[keys.Key, list[tuple[float, str]]] = defaultdict(list)
+    earlier = folded(tables.Table("coefficient", "", {"commands": []}, {}), args.merge, args.drop, runs_made=False)
+    counts = Counter({k: e.n for k, e in earlier.entries.items()})
     ill_posed = skipped = ran = 0
     for n, (case, target) in enumerate(todo, 1):
         if args.per_key and counts[policy_key(case, target)] >= args.per_key:
@@ -346,7 +305,7 @@ def main() -> None:
         ran += attempted
         ill_posed += attempted - len(got)
         for key, worst, scaled in got:
-            counts[str(key)] += 1
+            counts[key] += 1
             found[key].append((worst, case.id + label(target) + scaled))
         if n % 100 == 0 or n == len(todo):
             spent = time.perf_counter() - start
@@ -357,28 +316,22 @@ def main() -> None:
     for key, values in sorted(found.items(), key=lambda kv: str(kv[0])):
         v = np.array([c for c, _ in values])
         worst_c, worst_id = max(values)
-        entries[str(key)] = asdict(tolerance.Measurement(float(worst_c), float(np.median(v)), int(v.size), worst_id))
+        entries[key] = tables.Entry(int(v.size), {tolerance.STATISTIC: float(worst_c)},
+                                    {tolerance.STATISTIC: float(np.median(v))}, {tolerance.STATISTIC: worst_id})
         print(f"{str(key):42} {v.size:5d} {np.median(v):9.3g} {worst_c:9.3g} {tolerance.coefficient(worst_c):9.3g}  "
               f"{worst_id}")
-    entries, commands, totals = merged(entries, args.merge, args.drop)
     seconds = time.perf_counter() - start
-    if merging_only and args.merge:  # the measuring machine's, not this one's
-        first = json.loads(args.merge[0].read_text())
-        where, version = first["device"], first["torch"]
-    else:
-        name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
-        where, version = f"{args.device}: {name}", torch.__version__
-    meta = {"command": " ; ".join(dict.fromkeys(
-                measuring_commands("python benchmarks/measure_tolerances.py " + shlex.join(sys.argv[1:])) + commands)),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "torch": version, "device": where, "tier": args.tier,
-            "cases": len(cases) + int(totals["cases"]), "runs": ran + int(totals["runs"]),
-            "ill_posed_not_counted": ill_posed + int(totals["ill_posed_not_counted"]),
-            "seconds": round(seconds + totals["seconds"], 1), "entries": entries}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}: {len(entries)} keys from {ran} runs ({ill_posed} ill-posed, not "
-          f"counted; {skipped} cases skipped by --per-key) in {seconds:.0f}s", file=sys.stderr)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+    made = tables.Table("coefficient", f"worst rounding coefficient c a correct implementation's step needed, per "
+                                       f"key, on {args.device}",
+                        provenance(command("coefficients"), f"{args.device}: {name}", tier=args.tier,
+                                   cases=len(cases), runs=ran, ill_posed_not_counted=ill_posed,
+                                   seconds=round(seconds, 1)),
+                        entries, panel=("ours",))
+    table = folded(made, args.merge, args.drop, runs_made=not merging_only)
+    tables.write(table, args.out)
+    print(f"wrote {args.out}: {len(table.entries)} keys; this run {len(entries)} keys from {ran} runs ({ill_posed} "
+          f"ill-posed, not counted; {skipped} cases skipped by --per-key) in {seconds:.0f}s", file=sys.stderr)
 
 
 if __name__ == "__main__":
