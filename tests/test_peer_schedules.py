@@ -15,6 +15,7 @@ from cases import Case, tier
 from harness.judging.checks import reference
 from harness.policy import keys, noise, tolerance
 from harness.policy.calibrate import coefficients as MEASURE
+from harness.policy.calibrate import variants
 from harness.policy.keys import Key
 from harness.runner import run_case
 from harness.running.inputs import make_inputs
@@ -101,7 +102,7 @@ def test_a_correct_muon_with_you_quintics_passes_the_false_alarm_case():
     step size passes under its own key; Keller Jordan's key could not have judged it: the step needs a
     coefficient above that key's, and our own quintic needs a hundredth of it on the same case."""
     case = Case.from_id(ROW_YOU.format(lr="none"))
-    you = MEASURE.DeclaredSchedule("you")
+    you = variants.DeclaredSchedule("you")
     inputs = make_inputs(case)
     outcome = reference(case, you, inputs, you.run(inputs.params, inputs.grads, case))
     assert outcome.status == "pass", outcome.message
@@ -116,7 +117,7 @@ def test_a_correct_muon_with_you_quintics_passes_the_false_alarm_case():
 def test_you_quintics_declared_as_keller_jordans_still_fail():
     """Negative control: the same run declared as our quintic (a misdeclared schedule) fails."""
 
-    class Misdeclared(MEASURE.DeclaredSchedule):
+    class Misdeclared(variants.DeclaredSchedule):
         def conventions(self, case):
             return OursMuon.conventions(self, case)
 
@@ -202,13 +203,13 @@ def test_a_correct_muon_with_dions_schedule_passes_norm_and_misdeclared_fails(ca
     NORM_PE fails (decay 1.4x ours' allowance)."""
     from harness.judging.robust_checks import norm_check
 
-    class Misdeclared(MEASURE.DeclaredSchedule):
+    class Misdeclared(variants.DeclaredSchedule):
         def conventions(self, case):
             return OursMuon.conventions(self, case)
 
     case = Case.from_id(case_id)
     inputs = make_inputs(case)
-    dionlike = MEASURE.DeclaredSchedule(schedule, eps=1e-8)
+    dionlike = variants.DeclaredSchedule(schedule, eps=1e-8)
     traj = dionlike.run(inputs.params, inputs.grads, case)
     got = norm_check(case, dionlike, inputs, traj)
     assert got.status == "pass", got.message

@@ -47,6 +47,7 @@ from harness.runner import run, run_case
 from harness.running.inputs import Inputs, make_inputs
 from harness.targets import load_target
 from harness.targets.base import Target
+from harness.targets.torch_builtin import bf16_buffer_finding
 from reports import Record
 
 CASES_PER_DEFECT = 6
@@ -70,14 +71,7 @@ def selftest_tier() -> list[Case]:
     return ci_cases() + list(DRIFT_CASES)
 
 
-def _torch_bf16_buffer(case: Case) -> str | None:
-    """Where torch.optim.Muon is not correct: its known bf16 momentum buffer bug (README, Findings)."""
-    if case.param_dtype == "bf16" and not case.nesterov and case.steps > 1:
-        return "torch.optim.Muon overwrites a bf16 momentum buffer in place without Nesterov (README, Findings)"
-    return None
-
-
-CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": _torch_bf16_buffer}
+CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": bf16_buffer_finding}
 """The correct targets, each with where it is known not to be (its findings): no false alarm there."""
 
 

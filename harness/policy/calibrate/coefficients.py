@@ -50,8 +50,6 @@ of the selected submatrix (the older ones were dropped with --drop).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import platform
 import re
 import sys
@@ -67,96 +65,13 @@ from harness.algorithms import algorithm
 from harness.judging.checks import SCALE_FACTOR, reference_steps, unscalable
 from harness.judging.metrics import compare_step
 from harness.policy import keys, sensitivity, tables, tolerance
-from harness.policy.calibrate import command, folded, provenance
 from harness.policy.bounds import STORAGE_ULPS
+from harness.policy.calibrate import command, folded, provenance
+from harness.policy.calibrate.panel import MEMBERS, OURS, build, label, runs_case, single
+from harness.policy.calibrate.variants import MEASURABLE, VARIANTS, DeclaredCompute
 from harness.running import backends
-from harness.running.inputs import TORCH_DTYPES, f64, make_inputs
-from harness.targets.ours import OursMuon
-from optimizers import REGISTRY
-from optimizers import gram_newton_schulz as gram
-from optimizers.algorithms.base import Group
-from optimizers.algorithms.muon import default_compute_dtype
-from oracles import Conventions, Orthogonalizer
-
-VARIANTS = {("fp64", "fp32"): ("bf16", "fp16"), ("fp32", "bf16"): ("fp16",), ("bf16", "bf16"): ("fp16",)}
-"""(param, compute) of a tier case -> the other compute formats its polynomial cases are also run in."""
-
-
-class DeclaredCompute(OursMuon):
-    """optimizers.Muon with its compute dtype (and the declared one) replaced by `compute`."""
-
-    def __init__(self, compute: str) -> None:
-        self.compute = compute
-
-    def conventions(self, case: Case) -> Conventions:
-        conv = super().conventions(case)
-        return Conventions(**{**conv.__dict__, "compute_dtype": self.compute})
-
-    def options(self, case: Case) -> dict:
-        return {**super().options(case), "compute_dtype": TORCH_DTYPES[self.compute]}
-
-
-def declared_polynomial(coefficients: tuple, scale: float, mats: torch.Tensor, group: Group) -> torch.Tensor:
-    """Muon's orthogonalize stage running `coefficients` from X / (scale ||X||_F + eps) in the group's compute
-    dtype: the Gram iteration (our restarts) for a Gram group; else the standard one on the wide orientation,
-    evaluated op by op as the peers write it, A = X X^T, B = bA + cA^2, X = aX + BX, each product and sum
-    rounded (our optimizer fuses them into fewer roundings: with You's quintics on rank-1 fp32@bf16 steps
-    the fused form measured a worst c of 0.38 where dion needed 1.35, this form 1.35)."""
-    compute = group["compute_dtype"] or default_compute_dtype(mats.device)
-    if group["orthogonalizer"] == "gram_newton_schulz":
-        return gram.gram_newton_schulz(mats, coefficients, scale, group["eps"], compute,
-                                       tuple(group["gram_restarts"]), gram.STATS)
-    x = mats.to(compute)
-    tall = x.size(-2) > x.size(-1)
-    x = x.mT if tall else x
-    x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) * scale + group["eps"])
-    for a, b, c in coefficients:
-        products = x @ x.mT
-        x = a * x + (b * products + c * (products @ products)) @ x
-    return (x.mT if tall else x).to(mats.dtype)
-
-
-MEASURABLE = {**keys.OWN_SCHEDULES, **keys.SCHEDULES}
-"""Schedules --schedules takes: the named peer schedules, and ours by option name (on a Gram case,
-"newton_schulz" is Keller Jordan's quintic under the Gram iteration, which our tiers' Gram cases do not run)."""
-
-
-class DeclaredSchedule(OursMuon):
-    """optimizers.Muon (any of its algorithms) with its polynomial replaced by schedule `name` of
-    MEASURABLE, declared as such: what a correct peer declaring that schedule computes."""
-
-    def __init__(self, name: str, eps: float | None = None) -> None:
-        if name not in MEASURABLE:
-            raise ValueError(f"unknown schedule {name!r}; expected one of {sorted(MEASURABLE)}")
-        self.schedule = name
-        self.eps = eps
-        """The normaliser's eps (None: ours'): a peer's own (dion's 1e-8) where it matters, tiny gradients."""
-
-    def conventions(self, case: Case) -> Conventions:
-        conv = super().conventions(case)
-        coefficients, scale = MEASURABLE[self.schedule]
-        eps = conv.orthogonalizer.normaliser.eps if self.eps is None else self.eps
-        orth = Orthogonalizer.polynomial(coefficients, eps=eps, scale=scale)
-        return dataclasses.replace(conv, orthogonalizer=dataclasses.replace(
-            orth, iteration=conv.orthogonalizer.iteration))
-
-    def options(self, case: Case) -> dict:
-        options = super().options(case)
-        coefficients, scale = MEASURABLE[self.schedule]
-        stage = functools.partial(declared_polynomial, tuple(coefficients), scale)
-        eps = {} if self.eps is None else {"eps": self.eps}
-        return {**options, **eps,
-                "algorithm": dataclasses.replace(REGISTRY[options["algorithm"]], orthogonalize=stage)}
-
-
-def label(target: OursMuon) -> str:
-    """How a measured run's target differs from our Muon on its case ("" for ours)."""
-    if isinstance(target, DeclaredSchedule):
-        return f" with schedule {target.schedule}"
-    if isinstance(target, DeclaredCompute):
-        return f" computed in {target.compute}"
-    return ""
-
+from harness.running.inputs import f64, make_inputs
+from harness.targets.base import Target
 
 OUT_OF_FP16_RANGE = ("huge", "tiny")
 """Gradient kinds outside fp16's range, left out of every fp16 variant: 1e10 overflows it (the oracle's
@@ -166,21 +81,27 @@ normalises before rounding (Gram Newton-Schulz: in fp32) does not: that measures
 rounding (measured: c 6.1 for Muon's Polar Express, up to inf for Gram Newton-Schulz)."""
 
 
-def single(case: Case) -> Case:
-    """The single-process case a distributed one is judged like: its owner orthogonalizes whole matrices."""
-    return dataclasses.replace(case, layout="single", world_size=1, scope=None)  # one process: no selection scope
+Run = tuple[Case, str, Target]
+"""A measured run: the case, the panel member (harness/policy/calibrate/panel.py) and its target."""
 
 
-def runs(cases: list[Case], schedules: tuple[str, ...] = ()) -> list[tuple[Case, OursMuon]]:
-    """Every case with our Muon, then the declared-compute variants of its polynomial cases; with
-    `schedules`, instead, every polynomial case with each named schedule."""
-    if schedules:
-        return [(c, DeclaredSchedule(name)) for name in schedules for c in cases if c.orthogonalizer != "svd"]
-    out: list[tuple[Case, OursMuon]] = [(c, OursMuon()) for c in cases]
+def runs(cases: list[Case], schedules: tuple[str, ...] = (), members: tuple[str, ...] = (OURS,)) -> list[Run]:
+    """Every case run by each of `members` that runs it (ours first), then ours' declared-compute variants of its
+    polynomial cases; with `schedules`, instead, every polynomial case with each named schedule, run by each
+    member that can declare it."""
+    out: list[Run] = []
+    for name in schedules or (None,):
+        for member in members:
+            target = build(member, name)
+            if target is not None:
+                out += [(c, member, target) for c in cases
+                        if not (name and c.orthogonalizer == "svd") and runs_case(member, target, c)]
+    if schedules or OURS not in members:
+        return out
     for c in cases:
         for compute in VARIANTS.get((c.param_dtype, c.compute_dtype), ()):
             if c.orthogonalizer != "svd" and not (compute == "fp16" and c.grad in OUT_OF_FP16_RANGE):
-                out.append((c, DeclaredCompute(compute)))
+                out.append((c, OURS, DeclaredCompute(compute)))
     return out
 
 
@@ -209,14 +130,14 @@ def drawn(n: int, at: int, optimizers: tuple[str, ...]) -> list[Case]:
     return list(dict.fromkeys(found))
 
 
-def policy_key(case: Case, target: OursMuon) -> keys.Key:
+def policy_key(case: Case, target: Target) -> keys.Key:
     """The coefficient key of `case` as `target` declares it (from the FP64 oracle alone: cheap)."""
     conv = target.conventions(case)
     sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in make_inputs(case).grads])
     return keys.coefficient_key(case, conv, tolerance.conditioning_class(case, sens))
 
 
-def measure(case: Case, target: OursMuon, device: torch.device) -> list[tuple[keys.Key, float, str]]:
+def measure(case: Case, target: Target, device: torch.device) -> list[tuple[keys.Key, float, str]]:
     """(policy key, worst coefficient c over the steps, which run) of the case's run and of its scaled
     run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run is
     left out where an SVD rank cut-off sits among its direction's singular values or its selection is
@@ -267,7 +188,9 @@ def main() -> None:
     parser.add_argument("--drop", default=None, help="keys of --merge tables left out (regular expression)")
     parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
                         help="measure these schedules (harness/policy/keys.py SCHEDULES, or ours by name) on the "
-                        "polynomial cases, run by our optimizer, instead of the cases' own")
+                        "polynomial cases, run by the --members that can declare them, instead of the cases' own")
+    parser.add_argument("--members", nargs="+", default=[OURS], choices=MEMBERS,
+                        help="the panel members measured (harness/policy/calibrate/panel.py; default: ours)")
     parser.add_argument("--per-key", type=int, default=0, help="skip a case whose key already has this many "
                         "measured cases (--merge tables count): time goes to the keys few cases reach")
     args = parser.parse_args()
@@ -291,12 +214,13 @@ def main() -> None:
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
-    todo = runs(cases, tuple(args.schedules))[shard::shards]
+    todo = runs(cases, tuple(args.schedules), tuple(args.members))[shard::shards]
     found: dict[keys.Key, list[tuple[float, str]]] = defaultdict(list)
+    by: dict[keys.Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     earlier = folded(tables.Table("coefficient", "", {"commands": []}, {}), args.merge, args.drop, runs_made=False)
     counts = Counter({k: e.n for k, e in earlier.entries.items()})
     ill_posed = skipped = ran = 0
-    for n, (case, target) in enumerate(todo, 1):
+    for n, (case, member, target) in enumerate(todo, 1):
         if args.per_key and counts[policy_key(case, target)] >= args.per_key:
             skipped += 1
             continue
@@ -306,7 +230,8 @@ def main() -> None:
         ill_posed += attempted - len(got)
         for key, worst, scaled in got:
             counts[key] += 1
-            found[key].append((worst, case.id + label(target) + scaled))
+            found[key].append((worst, case.id + label(member, target) + scaled))
+            by[key][member].append(worst)
         if n % 100 == 0 or n == len(todo):
             spent = time.perf_counter() - start
             print(f"[{n}/{len(todo)}] {spent:.0f}s, ~{spent / n * (len(todo) - n):.0f}s left", file=sys.stderr,
@@ -317,7 +242,8 @@ def main() -> None:
         v = np.array([c for c, _ in values])
         worst_c, worst_id = max(values)
         entries[key] = tables.Entry(int(v.size), {tolerance.STATISTIC: float(worst_c)},
-                                    {tolerance.STATISTIC: float(np.median(v))}, {tolerance.STATISTIC: worst_id})
+                                    {tolerance.STATISTIC: float(np.median(v))}, {tolerance.STATISTIC: worst_id},
+                                    {m: {tolerance.STATISTIC: {"worst": max(c), "n": len(c)}} for m, c in by[key].items()})
         print(f"{str(key):42} {v.size:5d} {np.median(v):9.3g} {worst_c:9.3g} {tolerance.coefficient(worst_c):9.3g}  "
               f"{worst_id}")
     seconds = time.perf_counter() - start
@@ -327,7 +253,7 @@ def main() -> None:
                         provenance(command("coefficients"), f"{args.device}: {name}", tier=args.tier,
                                    cases=len(cases), runs=ran, ill_posed_not_counted=ill_posed,
                                    seconds=round(seconds, 1)),
-                        entries, panel=("ours",))
+                        entries, panel=tuple(args.members))
     table = folded(made, args.merge, args.drop, runs_made=not merging_only)
     tables.write(table, args.out)
     print(f"wrote {args.out}: {len(table.entries)} keys; this run {len(entries)} keys from {ran} runs ({ill_posed} "

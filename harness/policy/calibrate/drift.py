@@ -9,14 +9,15 @@ check (harness.apps.selftest.DRIFT_CASES by default), each at seeds 0..N-1 (the 
 and the persistent gradient). Per key and implementation the table keeps the worst |value|, mean and
 standard deviation of each statistic (`by`); the key's worst is the worst |drift| of the correct ones.
 
---correct TARGET ... measures other correct bf16 implementations on the same cases (where they support
-them), and their worst joins ours' in the allowance. Their error LEVEL may differ from ours (4x on one
+--members (harness/policy/calibrate/panel.py, default ours) are the correct implementations measured, each on
+the cases it runs; the worst of all of them is the allowance's. Their error LEVEL may differ from ours (4x on one
 case: it is implementation-specific, so it is not judged, nor centred); its growth over the trajectory is
 what `drift` judges. --also TARGET ... measures targets for the record only (in `by`, never in the worst):
 defects, to show their effect.
 
   python -m harness.policy.calibrate.drift [--seeds 8] [--jobs 1] [--cases ID ...]
-      [--correct TARGET ...] [--also TARGET ...] [--out harness/policy/data/bf16_drift_noise.json]
+      [--members MEMBER ...] [--also TARGET ...] [--merge FILE ... [--drop REGEX]]
+      [--out harness/policy/data/bf16_drift_noise.json]
 """
 
 from __future__ import annotations
@@ -34,17 +35,19 @@ from cases import Case
 from harness.judging import robust_checks
 from harness.policy import keys, noise, tables
 from harness.policy.calibrate import command, folded, provenance
+from harness.policy.calibrate.panel import MEMBERS, OURS, build, runs_case
 from harness.running.inputs import make_inputs
 from harness.targets import load_target
 
 
 def measure(job: tuple[str, str]) -> tuple[str, keys.Key, dict[str, float]] | None:
-    """(target spec, drift key, statistics) of one case; None where the target does not support it."""
+    """(target spec, drift key, statistics) of one case; None where the target does not run it (a panel member:
+    where it does not or is known wrong)."""
     spec, case_id = job
     torch.set_num_threads(1)
     case = Case.from_id(case_id)
-    target = load_target(spec)
-    if target.unsupported(case) is not None:
+    target = build(spec) if spec in MEMBERS else load_target(spec)
+    if target.unsupported(case) is not None or (spec in MEMBERS and not runs_case(spec, target, case)):
         return None
     compute = target.conventions(case).compute_dtype
     values = robust_checks.drift_statistics(case, target, make_inputs(case))
@@ -80,22 +83,21 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=8, help="every case at seeds 0..N-1")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--cases", nargs="*", default=[c.id for c in DRIFT_CASES])
-    parser.add_argument("--correct", nargs="*", default=[], help="other correct targets: their worst joins ours' "
-                        "in the allowance, where they run the case")
+    parser.add_argument("--members", nargs="+", default=[OURS], choices=MEMBERS,
+                        help="the panel members measured (harness/policy/calibrate/panel.py; default: ours)")
     parser.add_argument("--also", nargs="*", default=[], help="other targets measured for the record")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="tables folded into --out")
     parser.add_argument("--drop", default=None, help="keys of --merge tables left out (regular expression)")
     parser.add_argument("--out", type=Path, default=tables.DATA_DIR / noise.DRIFT_TABLE)
     args = parser.parse_args()
     ids = [dataclasses.replace(Case.from_id(i), seed=s).id for i in args.cases for s in range(args.seeds)]
-    correct = ["ours", *args.correct]
-    jobs = [(spec, i) for spec in [*correct, *args.also] for i in ids]
+    jobs = [(spec, i) for spec in [*args.members, *args.also] for i in ids]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         results = [r for r in pool.map(measure, jobs, chunksize=1) if r is not None]
     made = tables.Table("drift", "worst |drift| of correct bf16 implementations per drift key, over seeds (others "
                                  "measured for the record)",
-                        provenance(command("drift"), f"cpu: {platform.machine()}"), entries(results, correct),
-                        {"factor": robust_checks.DRIFT_FACTOR}, tuple(correct))
+                        provenance(command("drift"), f"cpu: {platform.machine()}"), entries(results, args.members),
+                        {"factor": robust_checks.DRIFT_FACTOR}, tuple(args.members))
     table = folded(made, args.merge, args.drop, runs_made=bool(jobs))
     tables.write(table, args.out)
     for key, entry in table.entries.items():
