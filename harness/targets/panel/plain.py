@@ -1,5 +1,5 @@
-"""A plain, op-by-op Muon and NorMuon optimizer, written from the published mathematics and independent of
-this project's optimizers/: one torch call per operation, each rounded where torch rounds it, one parameter
+"""A plain, op-by-op Muon, NorMuon, Dion2 and NorDion2, written from the published mathematics and independent
+of this project's optimizers/: one torch call per operation, each rounded where torch rounds it, one parameter
 at a time (no stacking, no fused kernels).
 
 Per parameter X with gradient G (momentum mu, Nesterov, lr, weight decay wd; matrix view: with flatten
@@ -22,6 +22,12 @@ Per parameter X with gradient G (momentum mu, Nesterov, lr, weight decay wd; mat
     (rows of the matrix view, the norm of the whole parameter), statistics in fp32 (fp64 for fp64 parameters)
   X <- X (1 - lr wd);  X <- X - lr scale O         scale from the matrix view's (fan_out, fan_in)
 
+Dion2 (NorDion2), per matrix of the view: M <- M + G (no momentum coefficient); its slices are the rows if
+m <= n, else the columns (NorDion2: the rows); the k = max(1, ceil(fraction * #slices)) slices of largest L1
+norm (in fp32 at least; equal norms by index) are orthogonalized as one submatrix, scaled back by ef_decay in
+M, and applied to their own slices of X (lr scale of the whole matrix view); NorDion2 normalises the selected
+rows as NorMuon does (v kept for every row, updated where selected) and restores the parameter's norm.
+
 The coefficients are the ones the target declares (its `Conventions.orthogonalizer`): it runs exactly what it
 says it runs. Every choice above is a legitimate implementation; each differs from optimizers.Muon's in its
 rounding only.
@@ -43,7 +49,9 @@ from oracles import Conventions, Orthogonalizer
 
 FORMS = ("fused", "expanded")
 STATES = ("param", "fp32")
-ALGORITHMS = ("muon", "normuon")
+ALGORITHMS = ("muon", "normuon", "dion2", "nordion2")
+SELECTING = {"dion2": False, "nordion2": True}
+"""The selecting algorithms, each with whether it selects rows only."""
 NAMED = {**OWN_SCHEDULES, **SCHEDULES}
 """Schedules a Plain target can be told to run in place of its case's: a peer's, or ours by option name."""
 VARIANCE_EPS = 1e-8
@@ -165,6 +173,56 @@ class PlainMuon(torch.optim.Optimizer):
                 p.add_(o.reshape(p.shape).to(torch.promote_types(p.dtype, torch.float32)), alpha=-lr * scale)
 
 
+class PlainDion2(PlainMuon):
+    """Dion2 (and NorDion2: `rows_only` and `normuon`) as in the module doc, one parameter at a time."""
+
+    def __init__(self, params: Any, *, fraction: float, ef_decay: float, rows_only: bool, **muon: Any) -> None:
+        super().__init__(params, nesterov=False, **muon)
+        self.fraction, self.ef_decay, self.rows_only = fraction, ef_decay, rows_only
+
+    def select(self, mat: torch.Tensor) -> tuple[bool, torch.Tensor]:
+        """(whether the slices of `mat` are its rows; the indices of the selected ones, ascending)."""
+        rows = self.rows_only or mat.size(0) <= mat.size(1)
+        slices = mat if rows else mat.mT
+        norms = slices.to(torch.promote_types(slices.dtype, torch.float32)).abs().sum(dim=1)
+        k = max(1, math.ceil(self.fraction * slices.size(0)))
+        return rows, torch.sort(torch.sort(-norms, stable=True).indices[:k]).values
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, flatten, beta2 = group["lr"], group["flatten"], group["beta2"]
+            for p in group["params"]:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype or p.dtype)
+                buf = state["momentum_buffer"]
+                buf.add_(p.grad.to(buf.dtype))
+                stats = torch.float64 if p.dtype == torch.float64 else torch.float32
+                update = torch.zeros(matrices(p, flatten).shape, dtype=stats)
+                if self.normuon and "variance" not in state:
+                    state["variance"] = torch.zeros(update.shape[:-1], dtype=stats)
+                selected = torch.zeros((), dtype=stats)
+                for b, mat in enumerate(matrices(buf, flatten)):
+                    rows, chosen = self.select(mat)
+                    slices, out = (mat, update[b]) if rows else (mat.mT, update[b].mT)
+                    sub = slices[chosen].clone()
+                    o = self.orthogonalize(sub[None])[0].to(stats)
+                    if self.normuon:
+                        v = state["variance"][b]
+                        v[chosen] = v[chosen] * beta2 + o.square().mean(dim=-1) * (1.0 - beta2)
+                        selected += o.square().sum()
+                        o = o / (v[chosen].sqrt() + VARIANCE_EPS)[:, None]
+                    out[chosen] = o
+                    slices[chosen] = sub * self.ef_decay
+                size = update.norm()
+                if self.normuon and size > 0:
+                    update *= selected.sqrt() / size
+                scale = lr_scale(tuple(p.shape), flatten, group["adjust_lr"])
+                p.mul_(1.0 - lr * group["weight_decay"])
+                p.add_(update.reshape(p.shape), alpha=-lr * scale)
+
+
 class Plain(OptimizerTarget):
     """PlainMuon as a harness target: `form` of the polynomial, momentum `state` ("param": the parameter's
     dtype; "fp32": at least fp32), optionally a `schedule` of NAMED and a normaliser `eps` in place of the
@@ -213,8 +271,11 @@ class Plain(OptimizerTarget):
                            state_dtype=self._state_dtype(case))
 
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
-        return PlainMuon(params, spec=self.orthogonalizer(case), lr=case.lr, momentum=case.momentum,
-                         nesterov=case.nesterov, weight_decay=case.weight_decay, flatten=case.flatten,
-                         adjust_lr=case.adjust_lr, compute_dtype=TORCH_DTYPES[case.compute_dtype], form=self.form,
-                         state_dtype=TORCH_DTYPES[self._state_dtype(case)], normuon=case.optimizer == "normuon",
-                         beta2=case.beta2)
+        common = dict(spec=self.orthogonalizer(case), lr=case.lr, momentum=case.momentum,
+                      weight_decay=case.weight_decay, flatten=case.flatten, adjust_lr=case.adjust_lr,
+                      compute_dtype=TORCH_DTYPES[case.compute_dtype], form=self.form,
+                      state_dtype=TORCH_DTYPES[self._state_dtype(case)], beta2=case.beta2)
+        if case.optimizer in SELECTING:
+            return PlainDion2(params, fraction=case.fraction, ef_decay=case.ef_decay,
+                              rows_only=SELECTING[case.optimizer], normuon=SELECTING[case.optimizer], **common)
+        return PlainMuon(params, nesterov=case.nesterov, normuon=case.optimizer == "normuon", **common)
