@@ -40,12 +40,14 @@ from harness.algorithms import algorithm
 from harness.apps.selftest_catalog import CATALOG, Defect, spec
 from harness.judging import checks, diagnosis, registry, robust_checks
 from harness.judging.outcome import Outcome as CheckOutcome
+from harness.policy import noise as measured_noise
 from harness.policy import tolerance
 from harness.policy.bounds import Tolerance
 from harness.runner import run, run_case
 from harness.running.inputs import Inputs, make_inputs
 from harness.targets import load_target
 from harness.targets.base import Target
+from harness.targets.torch_builtin import bf16_buffer_finding
 from reports import Record
 
 CASES_PER_DEFECT = 6
@@ -59,7 +61,7 @@ DRIFT_CASES: tuple[Case, ...] = tuple(Case.from_id(i) for i in (
 """The selftest's own long cases, after the CI tier: 8 steps, so that the `drift` robust check runs its
 128-step persistent-gradient trajectory there (robust_checks.DRIFT_MIN_STEPS; too slow for the CI tier).
 Matrix layers with fp32 parameters and bf16 compute, where a bf16 momentum buffer, which no CI bf16 case
-shows, is measured against the drift noise of correct bf16 implementations (harness/bf16_drift_noise.json).
+shows, is measured against the drift noise of correct bf16 implementations (harness/policy/noise.py).
 Newton-Schulz: the same cases with Polar Express are ill-posed for the reference at 8 steps (rtol 0.36 >
 0.25: amplification ~370 of the orthogonalized direction), so the selftest would pass over them."""
 
@@ -69,14 +71,7 @@ def selftest_tier() -> list[Case]:
     return ci_cases() + list(DRIFT_CASES)
 
 
-def _torch_bf16_buffer(case: Case) -> str | None:
-    """Where torch.optim.Muon is not correct: its known bf16 momentum buffer bug (README, Findings)."""
-    if case.param_dtype == "bf16" and not case.nesterov and case.steps > 1:
-        return "torch.optim.Muon overwrites a bf16 momentum buffer in place without Nesterov (README, Findings)"
-    return None
-
-
-CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": _torch_bf16_buffer}
+CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": bf16_buffer_finding}
 """The correct targets, each with where it is known not to be (its findings): no false alarm there."""
 
 
@@ -214,7 +209,7 @@ def visibility(target: Target, ours: Target, case: Case) -> list[Visibility]:
     the case with fp64 dtypes, judged by the same check; for an exact relation, which no rounding
     noise blurs, its value on `case` itself), the check's allowance for the defect on `case`, and
     ours' own value on `case`. Robust statistics (norm, decay, sv_mean, ...) count one by
-    one, their allowance NOISE_MARGIN x the measured noise."""
+    one, their allowance that of the measured noise (harness/policy/noise.py)."""
     twin = dataclasses.replace(case, param_dtype="fp64", compute_dtype="fp64")
     inputs, twin_inputs = make_inputs(case), make_inputs(twin)
     traj = target.run(inputs.params, inputs.grads, case)
@@ -242,24 +237,24 @@ def visibility(target: Target, ours: Target, case: Case) -> list[Visibility]:
         judged = {s for c in statistic_checks for s in robust_checks.STATISTIC_CHECKS[c]}
         exact = robust_checks.statistics(twin, target, twin_inputs, twin_traj, resolved_as=case)
         noise = robust_checks.statistics(case, ours, inputs, mine)
-        measured = robust_checks.measured_noise(case, compute) or {}
-        for stat in sorted(judged & set(measured) & set(exact)):
-            out.append(Visibility(stat, abs(exact[stat]), robust_checks.NOISE_MARGIN * measured[stat],
+        measured = measured_noise.of_case(case, compute)
+        for stat in sorted(judged & set(measured.worst if measured else ()) & set(exact)):
+            out.append(Visibility(stat, abs(exact[stat]), measured.allowed(stat),
                                   abs(noise.get(stat, 0.0))))
-    drift = robust_checks.drift_noise(case, compute) if "drift" in statistic_checks else None
+    drift = measured_noise.of_drift(case, compute, robust_checks.DRIFT_FACTOR) if "drift" in statistic_checks else None
     if drift:  # a norm of the accumulated error, measured on the case itself (see drift_visibility)
-        out.append(drift_visibility(target, ours, case, inputs, drift["drift"]))
+        out.append(drift_visibility(target, ours, case, inputs, drift.allowed("drift")))
     return out
 
 
-def drift_visibility(target: Target, ours: Target, case: Case, inputs: Inputs, measured: float) -> Visibility:
+def drift_visibility(target: Target, ours: Target, case: Case, inputs: Inputs, allowed: float) -> Visibility:
     """`drift`'s Visibility: its statistic is a norm of the accumulated error, not a signed mean that an
     fp64 twin could give free of noise, and the defects it is for act through the rounding (a bf16 buffer's
     stagnation; a safety factor that exists for bf16 rounding): the defect's value on the case itself, set
     against the allowance plus ours' value on the same case (the rounding both runs carry)."""
     theirs = robust_checks.drift_statistics(case, target, inputs)["drift"]
     mine = robust_checks.drift_statistics(case, ours, inputs)["drift"]
-    return Visibility("drift", math.inf if math.isnan(theirs) else abs(theirs), robust_checks.NOISE_MARGIN * measured,
+    return Visibility("drift", math.inf if math.isnan(theirs) else abs(theirs), allowed,
                       abs(_finite(mine)))
 
 
