@@ -100,8 +100,8 @@ def unit_roundoff(fmt: str) -> float:
 def schedule_class(spec: Orthogonalizer) -> str:
     """"svd", "poly-steep" or "poly-mild" for a declared orthogonalizer, from its own coefficients;
     "gram-" before a polynomial evaluated by the Gram iteration (its rounding is amplified more)."""
-    if spec.kind == "svd":
-        return "svd"
+    if spec.kind in ("svd", "none"):
+        return "svd" if spec.kind == "svd" else "elementwise"
     peak = max((abs(c) for step in spec.schedule for c in step), default=0.0)
     return ("gram-" if spec.iteration == "gram" else "") + ("poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild")
 
@@ -144,14 +144,17 @@ def schedule_name(spec: Orthogonalizer) -> str:
 def schedule_of(spec: Orthogonalizer) -> str:
     """The schedule field of a policy key: the class, then ":" and the schedule's name unless it is one of
     OWN_SCHEDULES (an SVD has no schedule)."""
-    name = "" if spec.kind == "svd" else schedule_name(spec)
+    name = "" if spec.kind in ("svd", "none") else schedule_name(spec)
     return schedule_class(spec) + (f":{name}" if name else "")
 
 
 def conditioning_class(case: Case, sensitivities: Sequence[Sequence[Sensitivity]]) -> str:
-    """"rank-1" when every matrix orthogonalized is 1 x n or n x 1 (one singular value, at the top of
-    the normalised range: a 1 x n layer, or Dion2 selecting one slice), else "well" / "ill" by the
-    worst condition number of the case's orthogonalized directions."""
+    """"elementwise" for an algorithm that orthogonalizes nothing; "rank-1" when every matrix orthogonalized
+    is 1 x n or n x 1 (one singular value, at the top of the normalised range: a 1 x n layer, or Dion2
+    selecting one slice), else "well" / "ill" by the worst condition number of the case's orthogonalized
+    directions."""
+    if algorithm(case).elementwise:
+        return "elementwise"
     shapes = [s.shape for row in sensitivities for s in row]
     if (min(matrix_shape(case.shape, case.flatten)[1:]) == 1
             or (shapes and all(min(shape) == 1 for shape in shapes))):
@@ -283,7 +286,7 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
     if found is None:
         found, note = evidence(FALLBACK_DEVICE), f"{FALLBACK_DEVICE} measurement used on {device}"
     if found is None or str(key) not in found.entries:
-        named = schedule_name(conv.orthogonalizer) if conv.orthogonalizer.kind != "svd" else ""
+        named = schedule_name(conv.orthogonalizer) if conv.orthogonalizer.kind == "polynomial" else ""
         how = (f"name its schedule in harness.policy.tolerance.SCHEDULES, then measure it: "
                f"benchmarks/measure_tolerances.py --device {device} --schedules NAME" if named.startswith("x")
                else f"measure it: benchmarks/measure_tolerances.py --device {device}"
