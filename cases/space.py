@@ -10,8 +10,9 @@ uniformly where the algorithm and the layer allow it), deterministically from a 
 `supports(case)` accepts. The required combinations are every pair of axis values and every triple of
 values over the interacting axes (`GROUPS`), among those some supported case contains. Which ones that is,
 is learned from witnesses: the `seeds` the target supports (the global tier's cases it accepts, which are
-kept as rows, so their ids stay), random supported draws, and every case one axis away from those (so a
-narrow target's handful of supported draws still shows every value it accepts). Rows are then chosen
+kept as rows, so their ids stay), random supported draws, and, for a narrow target, every case one or two axes
+away from those (so a handful of supported draws still shows every value and pair it accepts). A target so
+narrow that no seed or draw is supported gets a witness by `search`, which follows what its adapter reads. Rows are then chosen
 greedily: the witness completing the most uncovered combinations, ties to the earliest drawn. Everything is seeded and ordered: the same space, target and seeds give the same rows.
 """
 
@@ -172,6 +173,106 @@ def neighbours(case: Case, space: Space) -> Iterator[Case]:
                 continue
 
 
+class _Traced(Case):
+    """A case that notes, in order, which of its fields are read: what an adapter's `unsupported` looked at
+    before it refused (its `_reads`, set after construction)."""
+
+    def __getattribute__(self, name: str) -> object:
+        if name in _FIELDS:
+            reads = object.__getattribute__(self, "__dict__").get("_reads")
+            if reads is not None:
+                reads.append(name)
+        return object.__getattribute__(self, name)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Case))
+
+
+def _traced(case: Case, supports: Callable[[Case], str | None]) -> tuple[list[str], str | None]:
+    """(the fields `supports` read, in order, its answer) for `case`."""
+    probe = _Traced(**{name: getattr(case, name) for name in _FIELDS})
+    object.__setattr__(probe, "_reads", [])
+    why = supports(probe)
+    return object.__getattribute__(probe, "_reads"), why
+
+
+def _moved(case: Case, axis: str, value: object) -> Case:
+    """`case` with `axis` set to `value`, the fields that must change with it changed too (another algorithm's
+    fraction, Nesterov form, orthogonalizer and hyper-parameters; a compute format the parameter format
+    allows); ValueError where no valid case results."""
+    if axis != "optimizer":
+        if axis == "param_dtype" and (value, case.compute_dtype) not in axes.DTYPE_PAIRS:
+            return dataclasses.replace(case, param_dtype=value, compute_dtype=value)
+        if axis == "compute_dtype" and (case.param_dtype, value) not in axes.DTYPE_PAIRS:
+            param = next(p for p, c in axes.DTYPE_PAIRS if c == value)
+            return dataclasses.replace(case, param_dtype=param, compute_dtype=value)
+        return dataclasses.replace(case, **{axis: value})
+    entry = algorithms.entry(value)
+    changes: dict[str, object] = {"optimizer": value, **{h: axes.HYPER_DEFAULTS[h] for h in ("momentum", "beta2",
+                                                                                               "ef_decay")}}
+    changes["fraction"] = (case.fraction or 0.5) if entry.selecting else None
+    changes["scope"] = (case.scope or "global") if entry.selecting and case.world_size > 1 else None
+    if entry.selecting or entry.elementwise:
+        changes["nesterov"] = False
+    if entry.elementwise:
+        changes.update(orthogonalizer=axes.NO_ORTHOGONALIZER, adjust_lr="none", flatten=False,
+                       compute_dtype=case.param_dtype)
+    elif case.orthogonalizer == axes.NO_ORTHOGONALIZER:
+        changes.update(orthogonalizer="newton_schulz", adjust_lr="spectral_norm")
+    return dataclasses.replace(case, **changes)
+
+
+def _choices(axis: str, case: Case, space: Space) -> tuple:
+    """The values the witness search tries for `axis`."""
+    if axis == "optimizer":
+        return algorithms.names()
+    if axis == "layer":
+        return space.layers + space.vector_layers
+    if axis in axes.HYPER_VALUES:
+        return axes.HYPER_VALUES[axis]
+    return {"megabatch": axes.MEGABATCH_SIZES, "flatten": (False, True), "param_dtype": axes.DTYPES,
+            "compute_dtype": axes.DTYPES, "orthogonalizer": axes.EVERY_ORTHOGONALIZER,
+            "adjust_lr": axes.ADJUST_LR, "nesterov": (False, True), "weight_decay": axes.DECAYS, "lr": axes.LRS,
+            "steps": axes.STEPS, "grad": axes.GRADIENTS, "seed": space.seeds, "fraction": axes.FRACTIONS,
+            "scope": axes.SCOPES, "world_size": space.world_sizes}.get(axis, ())
+
+
+SEARCH_STEPS = 60
+"""The most moves of one witness search."""
+
+
+def search(start: Case, supports: Callable[[Case], str | None], space: Space) -> Case | None:
+    """A case `supports` accepts, found from `start` by moves of one field at a time, or None.
+
+    An adapter refuses a case at the first condition it fails, reading the fields that condition names on the
+    way: a move to a value that lets it read further (it passed that condition), or as far with another
+    reason, is progress. Each step tries the fields it read, the last read first, each value in order."""
+    case = start
+    reads, why = _traced(case, supports)
+    for _ in range(SEARCH_STEPS):
+        if why is None:
+            return case
+        for axis in reversed(list(dict.fromkeys(reads))):
+            found = None
+            for value in _choices(axis, case, space):
+                if value == getattr(case, axis):
+                    continue
+                try:
+                    moved = _moved(case, axis, value)
+                except ValueError:
+                    continue
+                got, answer = _traced(moved, supports)
+                if answer is None or len(got) > len(reads) or (len(got) == len(reads) and answer != why):
+                    found = moved, got, answer
+                    break
+            if found:
+                case, reads, why = found
+                break
+        else:
+            return None
+    return case if why is None else None
+
+
 @dataclass(frozen=True)
 class Support:
     """What a covering of a target's supported cases found: `rows` (the cases to judge, the seeds it
@@ -189,7 +290,9 @@ class Support:
 SAMPLES = 6000
 """Cases drawn from the space per part (single-process, distributed) to find a target's supported ones."""
 NEIGHBOURHOOD = 400
-"""Below this many supported draws, every case one axis away from each is tried too."""
+"""Below this many supported cases found, every case one axis away from each is tried too, for up to
+NEIGHBOUR_ROUNDS rounds (each from the cases the last one found)."""
+NEIGHBOUR_ROUNDS = 2
 
 
 def supported_covering(space: Space, distributed: bool, supports: Callable[[Case], str | None],
@@ -208,11 +311,19 @@ def supported_covering(space: Space, distributed: bool, supports: Callable[[Case
             reasons[why] += 1
         return why is None
 
-    first = [c for c in seeds if (c.world_size > 1) == distributed and accepted(c)]
+    seeds = [c for c in seeds if (c.world_size > 1) == distributed]
+    first = [c for c in seeds if accepted(c)]
     drawn = [c for c in sample(space, distributed, samples) if accepted(c)]
-    if len(first) + len(drawn) < NEIGHBOURHOOD:
-        near = [n for c in first + drawn for n in neighbours(c, space) if accepted(n)]
-        drawn += near
+    if not first and not drawn:  # none drawn: search from one seed of each algorithm
+        starts = {c.optimizer: c for c in reversed(seeds)}.values()
+        drawn = [found for start in starts if (found := search(start, supports, space)) is not None][:1]
+        seen.update(drawn)
+    fresh = first + drawn
+    for _ in range(NEIGHBOUR_ROUNDS):
+        if not fresh or len(first) + len(drawn) >= NEIGHBOURHOOD:
+            break
+        fresh = [n for c in fresh for n in neighbours(c, space) if accepted(n)]
+        drawn += fresh
     witnesses = first + drawn
     codes = np.unique(combinations(witnesses), return_inverse=True)[1].reshape(len(witnesses), -1) \
         if witnesses else np.zeros((0, 0), dtype=np.int64)
