@@ -64,7 +64,7 @@ SWEEP = [("tma", 8, 3), ("tma", 8, 4), ("tma", 4, 3), ("persistent", 4, 5)]
 """(variant, warps, stages) beyond each variant's own launch, run after them (--no-sweep skips them).
 On one H200 (torch 2.11, triton 3.6) tma's own 4 warps, 4 stages was the fastest of tma's launches on every
 shape, then 8 warps, 4 stages, then 8 warps, 3 stages (1.03-1.08x slower than 4, 4); persistent at 5 stages
-ran 0.97-1.00x its own 4 (benchmarks/results/2026-12-01-h200-torch2.11.0-pipelined-checks/call4/)."""
+ran 0.97-1.00x its own 4 (docs/performance.md §3)."""
 
 
 def operands(batch, m, k, kind, device, dtype, seed=0):

@@ -29,7 +29,7 @@ state entry) starts with none. A plan's first step runs eagerly; its second capt
 warm-up runs of the same streams, as torch's CUDA-graph notes ask); later steps replay. A capture that
 fails leaves the plan eager for its lifetime: the step still completes (its checks ran before).
 
-Measured on one H200 (torch 2.11; benchmarks/results/2026-11-30-h200-torch2.11.0-graph-streams/):
+Measured on one H200 (torch 2.11; docs/performance.md §4):
 every capturable megabatch of ConvNeXt-T (17) in one graph took 2.59 ms on one stream, 2.04 / 1.83 /
 1.88 ms on 2 / 4 / 8 (Polar Express; Gram Newton–Schulz 2.71, 1.89, 1.57, 1.51); GPT-2 small's 4
 megabatches 4.50, 4.37, 4.59, 4.50 ms (Gram: 3.31, 3.09, 3.07, 3.13).

@@ -8,7 +8,7 @@ launch instead of running it, and `on_device` lets meta tensors stand in for CUD
 run on meta tensors (optimizers/plan.py `compile_ahead`) lists exactly the launches the real one will
 make; `compile_all` then compiles them on a thread pool (Triton's compiler releases the GIL for most of
 its passes and its ptxas and launcher builds are subprocesses: 8 compiles took 2.17 s on 8 threads
-against 5.86 s one by one, benchmarks/results/2026-12-01-h200-torch2.11.0-first-step/).
+against 5.86 s one by one, docs/performance.md §5).
 `compile_in_background` runs `compile_all` on a thread of its own, for kernels a stand-in of the same bits
 replaces until they are compiled (optimizers/plan.py `compile_for`).
 """

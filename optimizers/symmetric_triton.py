@@ -9,7 +9,7 @@ whole; an off-diagonal tile's mirror is its exact transpose. `identity` adds a m
 epilogue, before the one rounding: the Newton-Schulz polynomial aI + bA + cA² in one launch
 (optimizers/symmetric.py `polynomial_with_identity`), where the published form needs a copy (aX + BX by
 baddbmm; Q = Z + aI by a clone). On the 24-layer step (one H200): 517.94 ms against 532.97 ms, interleaved
-rounds (benchmarks/results/2026-12-01-h200-torch2.11.0-identity-epilogue/).
+rounds (docs/performance.md §2).
 
 Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call by the module constant
 `VARIANT`, "persistent" at 4 warps and 4 stages: the fastest measured):
@@ -22,9 +22,9 @@ Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call 
     bitwise symmetric;
   - "persistent": tma's tiles and bits, by one program per SM looping over the (matrix, tile) work items in
     a flattened loop (the next tile's loads issued under this tile's epilogue), with a branch-free
-    epilogue. On one H200 (benchmarks/results/2026-12-01-h200-torch2.11.0-pipelined-checks/call4/):
+    epilogue. On one H200 (docs/performance.md §3):
     1.84-2.08x cuBLAS on the 24-layer stacks against tma's 1.79-2.04x in the same run, 1.02-1.09x tma
-    in the probe before it (call3/); the 24-layer step 506.88 -> 498.21 ms, interleaved. At 3 stages or
+    in a probe of its launches; the 24-layer step 506.88 -> 498.21 ms, interleaved. At 3 stages or
     8 warps it ran 0.83-0.94x tma, with warp specialization 0.57-0.89x, at 5 stages no faster than at 4.
 Measured on one H200 (torch 2.11, triton 3.6; benchmarks/symmetric_kernel.py, bf16, ms and the speedup
 over cuBLAS's full product):
@@ -44,8 +44,8 @@ over the tiles, plain / tl.range(flatten=True) / tl.range(warp_specialize=True))
 compile them (the tests: "PassManager::run failed"; the benchmark's launches: 320 KiB of shared memory
 for "persistent" at 4 stages, 272 KiB for the warp-specialized one, past the 227 KiB of an H200 block),
 so nothing measured them faster. (The "persistent" variant above, written anew with a branch-free epilogue,
-compiles at 4 warps and 4 stages within 168-192 KiB.) Also measured after that (benchmarks/results/2026-11-30-h200-torch2.11.0-gpu_step-one-run/
-probes/): warp specialization of the k loop (`tl.range(warp_specialize=True)`) compiles but runs 0.50-0.94x
+compiles at 4 warps and 4 stages within 168-192 KiB.) Also measured after that (docs/performance.md §3):
+warp specialization of the k loop (`tl.range(warp_specialize=True)`) compiles but runs 0.50-0.94x
 this kernel; TILE_K 128, 5-6 stages and L2 groups of 4-32 row blocks are slower or within run-to-run noise
 (interleaved rounds) on every stack of the 24-layer step. On small stacks (m <= 1536, e.g. 12x768x2304) every variant is
 slower than cuBLAS (base 1.0-2.5x, tma 1.5-4x): optimizers/symmetric.py calls the kernel from
@@ -201,7 +201,7 @@ def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, al
     acc = _tile_tma(a_desc, b_desc, c_desc, batch, r0, c0, k, alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_R)
     # Stores past the matrix's edge are clipped. Only a diagonal tile (tj == ti) is symmetrised and stored
     # once: selecting by (tj == ti) in every tile's epilogue ran 0.96-1.02x as fast on the 24-layer stacks,
-    # and that step 508.34 against 505.08 ms (benchmarks/results/2026-12-01-h200-torch2.11.0-identity-epilogue/).
+    # and that step 508.34 against 505.08 ms (docs/performance.md §2).
     if ti == tj:
         idx = tl.arange(0, TILE_M)
         if HAS_IDENTITY:  # `identity` on the diagonal, in fp32 before the one rounding
