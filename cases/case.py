@@ -74,6 +74,9 @@ class Case:
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"Case.weight_decay={self.weight_decay!r} must be finite and >= 0")
         why = layouts.invalid(self.layout, self.world_size)
+        dim = layouts.shard_dim(self.layout)
+        if not why and dim is not None and dim >= len(self.shape):
+            why = f"{self.layout} shards dim {dim} of a {len(self.shape)}-D parameter"
         tp = layouts.tensor_parallel(self.layout)
         if tp is not None:
             why = why or layouts.tp_invalid(tp, self.world_size, self.shape) or (
