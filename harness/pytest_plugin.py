@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from harness.judging.scope import Judgement
     from cases import Case
     from reports import Record
 
@@ -57,6 +58,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--muon-out", type=Path, metavar="DIR",
                     help="write the stored run, report.html and summary.md here at the end of the session "
                          "(write --muon-out=DIR: a separate existing path would move pytest's rootdir)")
+    group.addoption("--muon-allow-thin", action="store_true",
+                    help="do not fail the session when the whole tier judged too little to mean anything "
+                         "(harness/judging/scope.py); it is still said")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -157,7 +161,7 @@ class ConformanceSession:
     def __init__(self, config: pytest.Config) -> None:
         from cases import TIERS
         from harness.runner import BACKENDS
-        from harness.running.selection import select
+        from harness.running.selection import narrow, target_tier
         from harness.targets import TargetError, load_target
 
         self.config = config
@@ -181,9 +185,15 @@ class ConformanceSession:
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise pytest.UsageError(f"--muon-target {self.spec!r}: loading it raised {type(exc).__name__}: {first}") \
                 from None
-        self.cases = select(self.tier, self.patterns)
+        try:
+            self.own = target_tier(self.tier, self.target)
+        except Exception as exc:  # an adapter's unsupported() that raises is bad input too
+            raise pytest.UsageError(f"--muon-target {self.spec!r}: asking what it supports raised "
+                                    f"{type(exc).__name__}: {exc}") from None
+        self.cases = narrow(self.own.cases, self.patterns)
         if not self.cases:
-            raise pytest.UsageError(f"--muon-select {self.patterns}: no case of tier {self.tier!r} matches")
+            raise pytest.UsageError(f"--muon-select {self.patterns}: no case of the target's {self.tier!r} tier matches")
+        self.judged: Judgement | None = None
         if self.out is not None and self.is_controller:
             if self.out.exists() and not self.out.is_dir():
                 raise pytest.UsageError(f"--muon-out {self.out}: exists and is not a directory")
@@ -253,6 +263,12 @@ class ConformanceSession:
                 for r, e in self.pictures.kept()]
             return
         self.incomplete = self._incomplete(session)
+        from harness.judging.scope import judgement
+
+        records = [r for node in sorted(self.records) for r in self.records[node]]
+        self.judged = judgement(self.own, self.cases, records, self.backends, bool(self.patterns))
+        if self.judged.thin and not self.config.getoption("muon_allow_thin") and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.out is None:
             return
         import torch
@@ -261,13 +277,12 @@ class ConformanceSession:
         from reports import RunInfo
         from reports.store import project_commit
 
-        records = [r for node in sorted(self.records) for r in self.records[node]]
         args = self.config.invocation_params.args
         info = RunInfo(target=f"{self.target.name} [{self.spec}] {self.target.version()}", tier=self.tier,
                        backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
                        started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
                        torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns),
-                       interrupted=self.incomplete)
+                       interrupted=self.incomplete, scope=self.judged.scope, thin=self.judged.thin)
         write_run(records, info, self.out, self.pictures)
 
     def _incomplete(self, session: pytest.Session) -> str:
@@ -289,6 +304,12 @@ class ConformanceSession:
         if self.out is not None:
             line += f"; stored run and report in {self.out}/"
         terminalreporter.write_sep("-", line)
+        if self.judged is not None:
+            terminalreporter.write_line(f"muon conformance {self.judged.scope}")
+            if self.judged.thin:
+                terminalreporter.write_line(f"muon conformance THIN: {self.judged.thin}"
+                                            + ("" if self.config.getoption("muon_allow_thin")
+                                               else " (the session fails; --muon-allow-thin accepts it)"), red=True)
         if self.incomplete:
             terminalreporter.write_line(f"muon conformance INCOMPLETE: {self.incomplete}", red=True)
 

@@ -168,7 +168,11 @@ def _header(info: RunInfo, records: list[Record]) -> str:
     )
     if info.interrupted:
         items = (("status", f"<strong>INCOMPLETE</strong>: interrupted by {escape(info.interrupted)}"), *items)
-    outcome = verdict(records, info.interrupted)
+    if info.scope:
+        items = (("judged", escape(info.scope)), *items)
+    if info.thin:
+        items = (("thin", f"<strong>THIN</strong>: {escape(info.thin)}"), *items)
+    outcome = verdict(records, info.interrupted, info.thin)
     status = "fail" if "FAILED" in outcome else "pass" if outcome == "PASSED" else "skipped"
     return (f'<h1><span class="verdict s-{status}">{escape(outcome)}</span> Muon conformance of '
             f"{escape(info.target)}, {escape(info.tier)} tier</h1>\n{context_list(items)}")

@@ -33,7 +33,7 @@ STATUSES = ("fail", "error", "pass", "unsupported", "skipped")
 
 FAILING = frozenset({"fail", "error"})
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of the stored-run schema (`Record` columns, run.json keys). History:
 
   1  the columns case_id .. seconds; run.json unversioned (runs stored before versioning)
@@ -42,6 +42,8 @@ SCHEMA_VERSION = 4
   3  the column diagnosis: the likely kind of bug behind a failing case (harness/judging/diagnosis.py)
   4  a column for every case axis the id names and no column held: adjust_lr, nesterov, weight_decay,
      steps, grad, seed, fraction, scope (cases/schema.py); a run stored before gets them from its ids
+  5  the hyper-parameter columns lr, momentum, beta2, ef_decay (ids name them where they are not their
+     defaults); a run stored before gets them from its ids
 """
 
 
@@ -204,6 +206,10 @@ class RunInfo:
     """The --select patterns (empty: the whole tier)."""
     interrupted: str = ""
     """Why the run stopped before its last case (e.g. "SIGTERM after 12 of 40 cases"); empty if complete."""
+    scope: str = ""
+    """How much the run judged of what the target supports (harness/judging/scope.py)."""
+    thin: str = ""
+    """Why the run judged too little to mean anything; empty if it did not."""
 
 
 def group_by(records: Iterable[Record], field: str) -> dict[str, list[Record]]:

@@ -47,10 +47,12 @@ from cases import TIERS, Case
 from harness.apps import pr_diff
 from harness.apps.outputs import write_run
 from harness.judging.details import Pictures
+from harness.judging.scope import MIN_JUDGED, judgement
 from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.running.backends import get as get_backend
 from harness.running.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
-from harness.running.selection import nearest, select
+from cases import tier as tier_cases
+from harness.running.selection import TargetTier, narrow, nearest, target_tier
 from harness.targets import DEFAULT, load_target
 from harness.targets.base import Target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
@@ -89,6 +91,8 @@ def _number(minimum: float, inclusive: bool) -> Callable[[str], float]:
 
 def _list_arguments(p: argparse.ArgumentParser) -> None:
     _selection_arguments(p)
+    p.add_argument("--target", help="list the cases this target's own tier holds, then why the global tier's "
+                                    "others are unsupported (alias or MODULE:CALLABLE)")
     p.add_argument("--coverage", action="store_true",
                    help="also print the coverage summary of the listed cases (cases/coverage.py)")
 
@@ -113,6 +117,9 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"with --baseline: error growth factor that counts (default {DEFAULT_GROWTH:g})")
     p.add_argument("--force", action="store_true", help="with --baseline: compare even if not comparable")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--allow-thin", action="store_true",
+                   help=f"exit 0 on a run that judged too little to mean anything (fewer than {MIN_JUDGED} cases, or "
+                        f"an axis value the target supports judged on no case); it still says so")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                    help="judge N single-process cases at once in spawned worker processes, each with "
                         "cores/N BLAS threads (default 1: in this process; ignored under torchrun)")
@@ -162,15 +169,25 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return selftest.main(limit)
 
 
-def _cases(tier: str, patterns: list[str]) -> list[Case]:
-    """The selected cases; a usage error naming the nearest ids when none matches."""
-    cases = select(tier, patterns)
+def _cases(tier: str, patterns: list[str], own: TargetTier | None = None) -> list[Case]:
+    """The selected cases of the global tier, or of a target's own tier; a usage error naming the nearest
+    ids when none matches."""
+    every = tier_cases(tier) if own is None else list(own.cases)
+    cases = narrow(every, patterns)
     if not cases:
-        ids = [c.id for c in select(tier, [])]
-        near = [n for p in patterns for n in nearest(p, ids)]
+        near = [n for p in patterns for n in nearest(p, [c.id for c in every])]
         hint = f"; nearest: {', '.join(near)}" if near else ""
-        raise UsageError(f"no case of tier {tier!r} matches --select {' '.join(patterns)}{hint}")
+        whose = f"tier {tier!r}" if own is None else f"the target's {tier} tier"
+        raise UsageError(f"no case of {whose} matches --select {' '.join(patterns)}{hint}")
     return cases
+
+
+def _own_tier(tier: str, target: Target) -> TargetTier:
+    """`target`'s own tier, or a usage error where its adapter raises while saying what it supports."""
+    try:
+        return target_tier(tier, target)
+    except Exception as exc:  # an adapter's unsupported() that raises is bad input, whatever it raises
+        raise UsageError(f"target {target.name}: asking what it supports raised {type(exc).__name__}: {exc}") from None
 
 
 def _load(run_dir: Path) -> Run:
@@ -289,11 +306,17 @@ def _stop_on_signals() -> Iterator[None]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    cases = _cases(args.tier, args.select)
+    own = _own_tier(args.tier, _target(args.target)) if args.target else None
+    cases = _cases(args.tier, args.select, own)
     summary = _coverage(cases) if args.coverage else None
     for case in cases:
         print(case.id)
-    print(f"{len(cases)} cases")
+    print(f"{len(cases)} cases" + (f" of the {len(own.cases)} in {args.target}'s {args.tier} tier" if own else ""))
+    if own is not None:
+        print(f"{own.unsupported} of the {len(tier_cases(args.tier))} cases of the global {args.tier} tier are "
+              f"unsupported; why, with how many of them each reason was given for:")
+        for why, count in own.reasons.most_common():
+            print(f"  {count:6d}  {why}")
     if summary:
         print(summary.rstrip("\n"))
     return 0
@@ -313,7 +336,8 @@ def _coverage(cases: list[Case]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     backends = _backends(args.backend)
     target = _target(args.target)
-    cases = _cases(args.tier, args.select)
+    own = _own_tier(args.tier, target)
+    cases = _cases(args.tier, args.select, own)
     base = None
     if args.baseline is not None:
         base = _load(args.baseline)
@@ -325,21 +349,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     try:
         with _stop_on_signals():
-            return _run(args, target, backends, cases, base, ranks)
+            return _run(args, target, backends, cases, base, ranks, own)
     finally:
         pools().close()
 
 
 def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: list[Case], base: Run | None,
-         ranks: TorchrunRanks | None) -> int:
+         ranks: TorchrunRanks | None, own: TargetTier) -> int:
     """Run, then (on the driver) write the stored run and the reports; see `cmd_run`."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if progress:
-        print(f"judging {target.name} ({target.version()}) on {len(cases)} {args.tier} cases, "
-              f"backends {','.join(backends)}", file=progress)
+        print(f"judging {target.name} ({target.version()}) on {len(cases)} cases of its {args.tier} tier "
+              f"({len(own.cases)} cases; {own.unsupported} of the global tier's unsupported), backends "
+              f"{','.join(backends)}", file=progress)
     records, stopped, pictures = [], None, Pictures()
     parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
     try:
@@ -357,11 +382,12 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
         if not driver:
             return 0 if stopped is None else 128 + stopped.signum
     spec = "" if args.target == target.name else f" (--target {args.target})"
+    judged = judgement(own, cases, records, backends, bool(args.select))
     info = RunInfo(target=f"{target.name}: {target.version()}{spec}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
-                   interrupted=stopped.reason if stopped else "")
+                   interrupted=stopped.reason if stopped else "", scope=judged.scope, thin=judged.thin)
     write_run(records, info, args.out, pictures)
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]
@@ -375,10 +401,14 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
         ids = {c.id for c in cases}
         selected = [r for r in base[0] if r.case_id in ids] if args.select else base[0]
         regressed = _write_diff((selected, base[1]), load_run(args.out), args.baseline, args.out, args.growth)
+    print(judged.scope, file=sys.stderr)
     if checked == 0:
         print("nothing was checked: every case is unsupported or skipped", file=sys.stderr)
         return 1
-    return 1 if counts["fail"] or counts["error"] or regressed else 0
+    if judged.thin:
+        print(f"THIN: {judged.thin}" + ("" if args.allow_thin else " (exit 1; --allow-thin accepts it)"),
+              file=sys.stderr)
+    return 1 if counts["fail"] or counts["error"] or regressed or (judged.thin and not args.allow_thin) else 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

@@ -103,9 +103,10 @@ You's), so each is measured on its own, by a correct implementation running thos
 
 def schedule_class(spec: Orthogonalizer) -> str:
     """"svd", "poly-steep" or "poly-mild" for a declared orthogonalizer, from its own coefficients;
-    "gram-" before a polynomial evaluated by the Gram iteration (its rounding is amplified more)."""
-    if spec.kind == "svd":
-        return "svd"
+    "gram-" before a polynomial evaluated by the Gram iteration (its rounding is amplified more);
+    "elementwise" where nothing is orthogonalized (kind "none")."""
+    if spec.kind in ("svd", "none"):
+        return "svd" if spec.kind == "svd" else "elementwise"
     peak = max((abs(c) for step in spec.schedule for c in step), default=0.0)
     return ("gram-" if spec.iteration == "gram" else "") + ("poly-steep" if peak > STEEP_COEFFICIENT else "poly-mild")
 
@@ -124,7 +125,7 @@ def schedule_name(spec: Orthogonalizer) -> str:
 def schedule_of(spec: Orthogonalizer) -> str:
     """The schedule field of a coefficient key: the class, then ":" and the schedule's name unless it is one
     of OWN_SCHEDULES (an SVD has no schedule)."""
-    name = "" if spec.kind == "svd" else schedule_name(spec)
+    name = "" if spec.kind in ("svd", "none") else schedule_name(spec)
     return schedule_class(spec) + (f":{name}" if name else "")
 
 

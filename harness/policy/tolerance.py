@@ -44,6 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from cases import Case, matrix_shape
+from harness.algorithms import algorithm
 from harness.policy import allowance, tables
 from harness.policy.bounds import EXACT, STORAGE_ULPS, Tolerance
 from harness.policy.ill_posed import ILL_POSED_RTOL
@@ -83,9 +84,12 @@ def unit_roundoff(fmt: str) -> float:
 
 
 def conditioning_class(case: Case, sensitivities: Sequence[Sequence[Sensitivity]]) -> str:
-    """"rank-1" when every matrix orthogonalized is 1 x n or n x 1 (one singular value, at the top of
-    the normalised range: a 1 x n layer, or Dion2 selecting one slice), else "well" / "ill" by the
-    worst condition number of the case's orthogonalized directions."""
+    """"elementwise" for an algorithm that orthogonalizes nothing; "rank-1" when every matrix orthogonalized
+    is 1 x n or n x 1 (one singular value, at the top of the normalised range: a 1 x n layer, or Dion2
+    selecting one slice), else "well" / "ill" by the worst condition number of the case's orthogonalized
+    directions."""
+    if algorithm(case).elementwise:
+        return "elementwise"
     shapes = [s.shape for row in sensitivities for s in row]
     if (min(matrix_shape(case.shape, case.flatten)[1:]) == 1
             or (shapes and all(min(shape) == 1 for shape in shapes))):
@@ -167,7 +171,7 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
         found, note = evidence(FALLBACK_DEVICE), f"{FALLBACK_DEVICE} measurement used on {device}"
     looked_up = tables.lookup(found, key) if found is not None else None
     if looked_up is None:
-        named = schedule_name(conv.orthogonalizer) if conv.orthogonalizer.kind != "svd" else ""
+        named = schedule_name(conv.orthogonalizer) if conv.orthogonalizer.kind == "polynomial" else ""
         measure = f"python -m harness.policy.calibrate.coefficients --device {device}"
         how = (f"name its schedule in harness.policy.keys.SCHEDULES, then measure it: {measure} --schedules NAME"
                if named.startswith("x") else f"measure it: {measure}" + (f" --schedules {named}" if named else ""))
