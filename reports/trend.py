@@ -9,8 +9,10 @@ log scale, with the tolerance (ratio 1) marked. No JavaScript library, no networ
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
@@ -52,6 +54,19 @@ def render_trend_html(runs: list[Run]) -> str:
         _charts(ordered, dates),
     ))
     return page(f"Muon conformance trend over {len(ordered)} runs", _CSS, body)
+
+
+def repeated(contexts: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Pairs (i, j), i < j, of contexts (as from `load_run`) of one stored run: the same directory, or
+    a copy (every other context entry equal: date, duration to the last digit, results digests)."""
+    def identity(ctx: dict[str, Any]) -> tuple[str | None, str]:
+        rest = {k: v for k, v in ctx.items() if k != "path"}
+        where = str(Path(ctx["path"]).resolve()) if "path" in ctx else None
+        return where, json.dumps(rest, sort_keys=True, default=str)
+
+    keys = [identity(ctx) for ctx in contexts]
+    return [(i, j) for j in range(len(keys)) for i in range(j)
+            if (keys[i][0] is not None and keys[i][0] == keys[j][0]) or keys[i][1] == keys[j][1]]
 
 
 def _series(runs: list[list[Record]]) -> dict[tuple, list[float]]:

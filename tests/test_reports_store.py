@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reports.records import COLUMNS, SCHEMA_VERSION, Record, RunInfo, write_csv
-from reports.store import load_run, save_run
+from reports.store import StoreError, load_run, save_run
 
 NAN = math.nan
 INFO = RunInfo(target="ours [ours] 0.1.0", tier="nightly", backends="cpu,nccl", command="python -m harness run",
@@ -100,9 +100,11 @@ def test_empty_run_round_trips(tmp_path: Path) -> None:
     assert records == [] and context["world_sizes"] == [] and context["records"] == 0
 
 
-def test_csv_only_run_loads_with_derived_context(tmp_path: Path) -> None:
+def test_csv_only_run_loads_with_derived_context_only_when_undigested_runs_are_allowed(tmp_path: Path) -> None:
     write_csv(RECORDS, tmp_path / "results.csv")
-    records, context = load_run(tmp_path)
+    with pytest.raises(StoreError, match="has no run.json, so no digests vouch for results.csv"):
+        load_run(tmp_path)
+    records, context = load_run(tmp_path, undigested=True)
     assert same(records, RECORDS)
     assert context["world_sizes"] == [1, 4] and context["records"] == 6
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", context["date"])
@@ -150,19 +152,21 @@ def legacy(run_dir: Path, **keep: object) -> None:
     path.write_text(json.dumps({**context, **keep}))
 
 
-def test_a_legacy_run_is_checked_record_by_record_and_by_count(tmp_path: Path) -> None:
+def test_a_legacy_run_is_refused_unless_allowed_then_checked_record_by_record_and_by_count(tmp_path: Path) -> None:
     save_run(RECORDS, INFO, tmp_path)
     legacy(tmp_path)
-    records, context = load_run(tmp_path)
+    with pytest.raises(StoreError, match="run.json is of schema version 1, so no digests vouch"):
+        load_run(tmp_path)
+    records, context = load_run(tmp_path, undigested=True)
     assert same(records, RECORDS) and context["schema_version"] == 1
     write_csv(RECORDS[:-1], tmp_path / "results.csv")
     with pytest.raises(ValueError, match="results.csv disagrees with results.parquet"):
-        load_run(tmp_path)
+        load_run(tmp_path, undigested=True)
     (tmp_path / "results.csv").unlink()
     legacy_count = json.loads((tmp_path / "run.json").read_text()) | {"records": 7}
     (tmp_path / "run.json").write_text(json.dumps(legacy_count))
     with pytest.raises(ValueError, match="holds 6 records, run.json says 7"):
-        load_run(tmp_path)
+        load_run(tmp_path, undigested=True)
 
 
 def test_a_run_stored_without_a_column_loads_with_its_default(tmp_path: Path) -> None:
@@ -172,11 +176,11 @@ def test_a_run_stored_without_a_column_loads_with_its_default(tmp_path: Path) ->
     frame = pd.read_parquet(tmp_path / "results.parquet")[older]
     frame.to_parquet(tmp_path / "results.parquet", index=False)
     frame.to_csv(tmp_path / "results.csv", index=False)
-    records, _ = load_run(tmp_path)
+    records, _ = load_run(tmp_path, undigested=True)
     expected = [dataclasses.replace(r, message="", seconds=0.0) for r in RECORDS]
     assert same(records, expected)
     (tmp_path / "results.parquet").unlink()
-    assert same(load_run(tmp_path)[0], expected)  # the CSV alone, same defaults
+    assert same(load_run(tmp_path, undigested=True)[0], expected)  # the CSV alone, same defaults
 
 
 def test_a_newer_schema_or_an_unknown_column_is_refused(tmp_path: Path) -> None:
@@ -190,7 +194,7 @@ def test_a_newer_schema_or_an_unknown_column_is_refused(tmp_path: Path) -> None:
     write_csv(RECORDS, newer / "results.csv")
     pd.read_csv(newer / "results.csv").assign(future="?").to_csv(newer / "results.csv", index=False)
     with pytest.raises(ValueError, match=r"unknown columns \['future'\]"):
-        load_run(newer)
+        load_run(newer, undigested=True)
 
 
 def test_a_run_with_a_repeated_key_is_refused(tmp_path: Path) -> None:
@@ -208,7 +212,7 @@ def test_parquet_metadata_holds_the_schema_version(tmp_path: Path) -> None:
 def test_null_floats_from_other_writers_load_as_nan(tmp_path: Path) -> None:
     frame = pd.DataFrame([dataclasses.asdict(r) for r in RECORDS], columns=list(COLUMNS))
     frame.to_parquet(tmp_path / "results.parquet")  # pandas writes NaN as null
-    records, _ = load_run(tmp_path)
+    records, _ = load_run(tmp_path, undigested=True)
     assert same(records, RECORDS)
 
 
@@ -220,8 +224,8 @@ def test_null_floats_from_other_writers_load_as_nan(tmp_path: Path) -> None:
 ])
 def test_directory_without_a_run_is_a_clear_error(tmp_path: Path, setup, message: str) -> None:
     setup(tmp_path)
-    with pytest.raises(ValueError, match=message):
-        load_run(tmp_path)
+    with pytest.raises(StoreError, match=message):
+        load_run(tmp_path, undigested=True)
 
 
 def test_missing_directory_and_bad_run_json_are_clear_errors(tmp_path: Path) -> None:
