@@ -214,7 +214,8 @@ def _read_csv(path: Path) -> list[Record]:
     except UnicodeDecodeError as exc:
         raise StoreError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except ValueError as exc:
-        raise StoreError(str(exc)) from None
+        message = str(exc)
+        raise StoreError(message if message.startswith(str(path)) else f"{path}: {message}") from None
 
 
 def _record(row: dict[str, Any], path: Path, line: int) -> Record:
