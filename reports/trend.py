@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
+from reports.html_parts import BASE_CSS, case_id_html, context_list, data_value, escape, label, page
 from reports.records import Record, format_metric, group_by, worst_ratio
 
 Run = tuple[dict[str, Any], list[Record]]
@@ -136,7 +136,8 @@ def _series_row(row: dict[str, object], values: list[float]) -> str:
     attrs = "".join(f' data-{c}="{escape(data_value(row[c]))}"' for c in SERIES_COLUMNS)
     cells = "".join(
         f'<td class="num">{format_metric(row[c]) if isinstance(row[c], float) else row[c]}</td>'
-        if c in NUMERIC_COLUMNS else f"<td>{escape(row[c])}</td>"
+        if c in NUMERIC_COLUMNS else f"<td>{case_id_html(str(row[c]))}</td>" if c == "case_id"
+        else f"<td>{escape(row[c])}</td>"
         for c in SERIES_COLUMNS
     )
     return f"<tr{attrs}>{cells}<td>{_sparkline(values)}</td></tr>"
