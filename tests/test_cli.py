@@ -383,3 +383,26 @@ def test_trend_refuses_runs_of_different_tiers_unless_forced_and_one_run_twice(t
     assert cli.main(["trend", str(ci), str(later), *out]) == 0  # negative control: two runs of one tier
     assert cli.main(["trend", str(ci), str(later), str(nightly), "--force", *out]) == 0
     assert "over 3 runs" in (tmp_path / "t" / "trend.html").read_text()
+
+
+FULL_DISK = """
+import errno, os, sys
+import reports.store
+def full(records, path):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+reports.store.write_csv = full
+from harness.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_write_that_fails_after_the_cases_ran_is_one_line_exit_2_and_the_old_run_stays(tmp_path):
+    """A disk that fills while the run is written (after every check passed): one line, no traceback."""
+    old = stored(tmp_path / "out", [rec(OTHER)])
+    result = subprocess.run([sys.executable, "-c", FULL_DISK, "run", "--select", CASE, "--out", str(old),
+                             "--replace", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "the run could not be stored (No space left on device: " in lines[0] and "as it was" in lines[0]
+    assert [r.case_id for r in cli.load_run(old)[0]] == [OTHER]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
