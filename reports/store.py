@@ -47,7 +47,8 @@ from reports.run_folder import CONTEXT, CSV, PARQUET, RunFolder, StoreError, cla
 
 _VERSION_KEY = b"schema_version"
 _DIGESTS_SINCE = 2
-"""The schema version that added the digests (and the other keys of `_STORE_KEYS`) to run.json."""
+"""The schema version that added the digests to run.json (with schema_version, complete, selection,
+interrupted and targets): from it on, every key of `CONTEXT_KEYS` is required."""
 
 _ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
 _KINDS: dict[str, Callable[[pa.DataType], bool]] = {
@@ -64,7 +65,7 @@ _SCHEMA = pa.schema([(f.name, _ARROW_TYPES[f.type]) for f in dataclasses.fields(
 
 def write_files(records: list[Record], info: RunInfo, folder: Path) -> None:
     """Write `folder/results.parquet`, `folder/results.csv` and, last, `folder/run.json` into the
-    existing `folder` (reports.run_folder.save_run publishes such a folder).
+    existing `folder` (`save_run` publishes such a folder).
 
     run.json holds every `RunInfo` field plus: schema_version, complete (no `info.interrupted`),
     commit (the project's git commit when `info.commit` is empty), python_version, platform,
@@ -91,7 +92,7 @@ def write_files(records: list[Record], info: RunInfo, folder: Path) -> None:
 
 def save_run(records: list[Record], info: RunInfo, out_dir: Path, *, replace: bool = False,
              also: Callable[[Path], None] | None = None) -> None:
-    """Store a run in `out_dir` (reports.store.write_files), claimed (`claim`) and published whole;
+    """Store a run in `out_dir` (`write_files`), claimed (reports.run_folder.claim) and published whole;
     `also(folder)` writes more files into the staged folder before it is published (the reports)."""
     with claim(out_dir, replace=replace, expected_bytes=estimated_bytes(len(records))) as folder:
         store_into(folder, records, info, also)
@@ -325,8 +326,8 @@ _STORE_KEYS: dict[str, Check] = {
 CONTEXT_KEYS: dict[str, Check] = {**{f.name: _INFO_TYPES[f.type] for f in dataclasses.fields(RunInfo)}, **_STORE_KEYS}
 """Every key run.json may hold, with the check its value must pass."""
 _REQUIRED = frozenset(CONTEXT_KEYS)
-"""Keys every run.json of schema version >= 2 holds (a key added later is required from the schema
-version that first writes it: give it that version here when one is added)."""
+"""Keys every run.json of schema version >= 2 holds. A key added to run.json comes with a new schema
+version (reports/records.py), and is required only of the versions that write it."""
 
 
 def _check_context(stored: dict[str, Any], path: Path, version: int) -> None:
