@@ -56,7 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--muon-backend", default="cpu", metavar="NAMES",
                     help="comma-separated harness backends (default: cpu)")
     group.addoption("--muon-out", type=Path, metavar="DIR",
-                    help="write the stored run, report.html and summary.md here at the end of the session "
+                    help="write the stored run, report.html and summary.md here at the end of the session, "
+                         "whole, replacing a stored run there; a folder of other files is refused "
                          "(write --muon-out=DIR: a separate existing path would move pytest's rootdir)")
     group.addoption("--muon-allow-thin", action="store_true",
                     help="do not fail the session when the whole tier judged too little to mean anything "
@@ -194,13 +195,12 @@ class ConformanceSession:
         if not self.cases:
             raise pytest.UsageError(f"--muon-select {self.patterns}: no case of the target's {self.tier!r} tier matches")
         self.judged: Judgement | None = None
-        if self.out is not None and self.is_controller:
-            if self.out.exists() and not self.out.is_dir():
-                raise pytest.UsageError(f"--muon-out {self.out}: exists and is not a directory")
+        if self.out is not None and self.is_controller:  # checked as the session's end will claim it
+            from reports.run_folder import StoreError, check, estimated_bytes
             try:
-                self.out.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise pytest.UsageError(f"--muon-out {self.out}: cannot create it ({exc.strerror})") from None
+                check(self.out, replace=True, expected_bytes=estimated_bytes(len(self.cases) * len(self.backends)))
+            except StoreError as exc:
+                raise pytest.UsageError(f"--muon-out {exc}") from None
         self.records: dict[str, list[Record]] = {}
         from harness.judging.details import Pictures
 

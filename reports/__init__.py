@@ -5,6 +5,7 @@ from reports.diff_html import render_diff_html, render_diff_markdown
 from reports.html import render_html
 from reports.markdown import render_markdown
 from reports.records import COLUMNS, STATUSES, Record, RunInfo, read_csv, status_counts, worst_first, write_csv
+from reports.run_folder import StoreError
 from reports.store import load_run, save_run
 from reports.trend import render_trend_html
 
@@ -13,6 +14,7 @@ __all__ = [
     "STATUSES",
     "Diff",
     "Record",
+    "StoreError",
     "RunInfo",
     "diff_runs",
     "load_run",

@@ -8,6 +8,8 @@
   allowed   the whole allowance of a check in rel_err's units, rel_err / ratio =
             (rtol ||delta_ref|| + storage_ulps ||ulp(x_ref)||) / ||delta_ref||  (harness.judging.metrics);
             a check passes iff rel_err <= allowed. The `tolerance` column holds rtol alone.
+  diagnosis_label  the kind of bug a diagnosis names: its text up to the first ": "
+            (harness/judging/diagnosis.py writes "<label>: <evidence>")
 """
 
 from __future__ import annotations
@@ -39,3 +41,9 @@ def allowed(record: Record) -> float:
     if not (math.isfinite(record.rel_err) and math.isfinite(record.ratio)) or record.ratio <= 0.0:
         return math.nan
     return record.rel_err / record.ratio
+
+
+def diagnosis_label(record: Record) -> str:
+    """The label of the record's diagnosis ("lr-scale" of "lr-scale: the step is ..."), "" if none."""
+    label, sep, _ = record.diagnosis.partition(": ")
+    return label if sep else record.diagnosis

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from reports.diff import CATEGORIES, Diff, Pair, growth_factor, is_regression
-from reports.html_parts import BASE_CSS, data_value, escape, label, page
+from reports.html_parts import BASE_CSS, case_id_html, data_value, escape, label, page
 from reports.markdown import cell_text, code_span
 from reports.records import format_metric
 
@@ -46,9 +46,13 @@ CONTEXT_KEYS = ("path", "target", "tier", "date", "commit", "torch_version", "py
                 "platform", "backends", "world_sizes", "records")
 """Context entries compared side by side, in display order, where either run has them."""
 
-ROW_COLUMNS = ("case_id", "check", "backend", "world_size", "base_status", "head_status", "base_ratio",
-               "head_ratio", "growth", "base_tolerance", "head_tolerance", "note")
-"""Columns of every category table; each is also a row data attribute."""
+ROW_COLUMNS = {"case_id": "case_id", "check": "check", "backend": "backend", "status": "head_status",
+                 "base_ratio": "base_ratio", "head_ratio": "head_ratio", "growth": "growth",
+                 "tolerance": "head_tolerance", "note": "note"}
+"""Columns of every category table, each with the row data attribute (`_row_values`) its header sorts
+by; every value of a row is such an attribute. A row fits one or two lines at 1,400 px: status reads
+"base -> head", tolerance one value or "base -> head" where it changed, the world size is in the case
+id, the note is one line (all of it on hover)."""
 
 NUMERIC_COLUMNS = frozenset({"world_size", "base_ratio", "head_ratio", "growth", "base_tolerance", "head_tolerance"})
 FILTER_COLUMNS = ("check", "backend", "base_status", "head_status", "regression")
@@ -62,6 +66,7 @@ h1.regressed { color: #8b0000; }
 h1.ok { color: #115e11; }
 tr.regression td:first-child { border-left: 4px solid #8b0000; }
 td.changed { background: #fff3c4; }
+td.transition { white-space: nowrap; }
 section { margin-top: 1.2rem; }
 """
 
@@ -206,8 +211,8 @@ def _section(diff: Diff, name: str, pairs: list[Pair]) -> str:
     if not pairs:
         return heading + "<p>none</p></section>"
     head = "".join(
-        f'<th data-key="{c}" data-kind="{"num" if c in NUMERIC_COLUMNS else "text"}">{label(c)}</th>'
-        for c in ROW_COLUMNS
+        f'<th data-key="{key}" data-kind="{"num" if key in NUMERIC_COLUMNS else "text"}">{label(c)}</th>'
+        for c, key in ROW_COLUMNS.items()
     )
     rows = "\n".join(_row(name, pair, diff.across_backends) for pair in pairs)
     return (
@@ -220,16 +225,25 @@ def _row(name: str, pair: Pair, across: bool = False) -> str:
     values = _row_values(name, pair, across)
     attrs = "".join(f' data-{c}="{escape(data_value(v))}"' for c, v in values.items())
     regression = ' class="regression"' if values["regression"] == "yes" else ""
-    return f"<tr{regression}{attrs}>{''.join(_cell(c, values[c]) for c in ROW_COLUMNS)}</tr>"
+    return f"<tr{regression}{attrs}>{''.join(_cell(c, values) for c in ROW_COLUMNS)}</tr>"
 
 
-def _cell(column: str, value: object) -> str:
-    if column.endswith("_status"):
-        return f'<td class="s-{escape(value)}">{escape(value)}</td>'
+def _cell(column: str, values: dict[str, object]) -> str:
+    if column == "status":
+        base, head = (f'<span class="s-{escape(values[k])}">{escape(values[k])}</span>'
+                      for k in ("base_status", "head_status"))
+        return f'<td class="transition">{base} \u2192 {head}</td>'
+    if column == "tolerance":
+        base, head = (format_metric(values[k]) for k in ("base_tolerance", "head_tolerance"))
+        shown = f"{base} \u2192 {head}" if base and head and base != head else head or base
+        return f'<td class="num">{shown}</td>'
+    value = values[column]
     if column == "note":
         text = str(value)
         short = text if len(text) <= NOTE_CHARS else text[:NOTE_CHARS] + "\u2026"
-        return f'<td title="{escape(text)}">{escape(short)}</td>'
+        return f'<td title="{escape(text)}"><div class="clip">{escape(short)}</div></td>'
+    if column == "case_id":
+        return f"<td>{case_id_html(str(value))}</td>"
     if column in NUMERIC_COLUMNS:
         shown = format_metric(value) if isinstance(value, float) else str(value)
         return f'<td class="num">{shown}</td>'

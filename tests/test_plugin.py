@@ -232,14 +232,19 @@ def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, m
     assert not out.exists() and (tmp_path / "FILE").read_text() == "not a directory"
 
 
-def test_good_options_create_the_out_dir_on_the_controller_only(tmp_path):
+def test_the_out_dir_is_checked_on_the_controller_only_and_written_at_the_end(tmp_path):
     from harness.pytest_plugin import ConformanceSession
 
-    worker = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "w"}.__getitem__,
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("not a run")
+    worker = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": busy}.__getitem__,
                                                 workerinput={"workerid": "gw0"}))
-    assert not worker.is_controller and not (tmp_path / "w").exists()
+    assert not worker.is_controller
+    with pytest.raises(pytest.UsageError, match="--muon-out .*busy: holds 1 entries and no stored run"):
+        ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": busy}.__getitem__))
     controller = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "c"}.__getitem__))
-    assert controller.is_controller and (tmp_path / "c").is_dir()
+    assert controller.is_controller and not (tmp_path / "c").exists()  # the session's end writes it whole
     assert [c.id for c in controller.cases] == [LINEAR]
 
 

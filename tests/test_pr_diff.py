@@ -147,8 +147,8 @@ def test_a_base_run_that_stores_nothing_is_an_error_and_removes_the_worktree(rep
     git(repo, "checkout", "-q", "base")
     monkeypatch.chdir(repo)
     head = tmp_path / "head"
-    head.mkdir()
-    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")  # a stored run of no records
+    save_run([], RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0,
+                         torch_version=""), head)  # a stored run of no records
     trees = []
 
     def base_fails(checkout: Path, out: Path, selection: list[str], which: str) -> None:
@@ -169,10 +169,9 @@ def test_a_base_run_of_another_commit_is_refused(repo, tmp_path, monkeypatch, ca
     git(repo, "checkout", "-q", "base")
     monkeypatch.chdir(repo)
     head = tmp_path / "head"
-    head.mkdir()
-    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")
     info = RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0, torch_version="",
                    commit="0000000")
+    save_run([], info, head)
     monkeypatch.setattr(pr_diff, "_harness_run", lambda checkout, out, selection, which: save_run([], info, out))
     assert pr_diff.command(usage(tmp_path, head_run=head)) == 2
     assert "the base run records commit 0000000, not base (" in capsys.readouterr().err
@@ -197,8 +196,8 @@ def test_sigterm_during_the_base_run_removes_the_worktree(repo, tmp_path):
     """A cancelled CI job: pr-diff is terminated while the base runs; the worktree goes with it."""
     git(repo, "checkout", "-q", "base")
     head = tmp_path / "head"
-    head.mkdir()
-    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")
+    save_run([], RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0,
+                         torch_version=""), head)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY")}
     process = subprocess.Popen([sys.executable, "-m", "harness", "pr-diff", "--base-ref", "base", "--head-run",
                                 str(head), "--out", str(tmp_path / "out"), *SELECTION], cwd=repo, env=clean,

@@ -268,10 +268,10 @@ def test_the_rehearsal_takes_a_group_of_wrapped_stages_and_leaves_out_a_value_de
 
 
 def test_the_selftest_catalogs_stage_replacements_run_the_general_path():
-    """harness/selftest_catalog.py breaks a stage by `dataclasses.replace(algorithm, <stage>=broken)`: each
+    """harness/apps/selftest_catalog.py breaks a stage by `dataclasses.replace(algorithm, <stage>=broken)`: each
     broken stage is a plain function, which declares nothing, so the executor takes none of the fast paths that
     stage would declare (the selftest's own tests step them: tests/test_selftest*.py)."""
-    from harness.selftest_catalog import BY_NAME
+    from harness.apps.selftest_catalog import BY_NAME
     from harness.targets.controls import Control
 
     group = Muon([torch.nn.Parameter(torch.zeros(4, 6))], cuda_graphs=True).param_groups[0]

@@ -15,10 +15,13 @@ arguments and the function that runs it; a new subcommand is a new entry.
 Exit status: 0 success; 1 a check failed or errored, nothing at all was checked, or
 (diff, --baseline) the head regressed; 2 bad usage, reported in one line before any case
 runs (unknown option, target or backend, a target that fails to import, empty selection,
-an --out that cannot be written or lies inside a run being read, a directory that holds no
-run or a run whose files disagree, runs that are not comparable without --force);
-128+N a run stopped by signal N (130 SIGINT, 143 SIGTERM), after writing the cases it
-finished, marked incomplete.
+an --out that cannot be written, lies inside a run being read, holds a stored run without
+--replace, holds files but no run, is being written by another run, or lacks the free space
+a run needs; a directory that holds no run, a stored run that is unreadable or whose files
+disagree, or one without digests without --allow-undigested; runs that are not comparable,
+or trend runs of different tiers, without --force; one run named twice to trend), or a run
+that could not be stored (one line; the folder is as it was); 128+N a run stopped by
+signal N (130 SIGINT, 143 SIGTERM), after writing the cases it finished, marked incomplete.
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ from harness.targets.base import Target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
                      status_counts)
 from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
+from reports.run_folder import RunFolder, StoreError, check, claim, estimated_bytes, write_file
 from reports.store import project_commit
+from reports.trend import repeated
 
 Run = tuple[list, dict[str, Any]]
 """(records, context) of a stored run, as `load_run` returns it."""
@@ -111,11 +116,17 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds a distributed case may run before its ranks count as hung (default "
                         f"{DEFAULT_TIMEOUT:g}; under torchrun it is the process group's timeout, default "
                         f"{TORCHRUN_TIMEOUT:g})")
-    p.add_argument("--out", default="out", type=Path, help="directory for results.parquet/.csv, run.json, reports")
+    p.add_argument("--out", default="out", type=Path,
+                   help="directory for results.parquet/.csv, run.json, reports: absent, empty, or a stored run "
+                        "with --replace; written beside it and renamed into place when complete")
+    p.add_argument("--replace", action="store_true",
+                   help="replace the stored run at --out (the old one stays until the new one is in place)")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="a stored run to diff this run against")
     p.add_argument("--growth", default=DEFAULT_GROWTH, type=_number(1.0, inclusive=True),
                    help=f"with --baseline: error growth factor that counts (default {DEFAULT_GROWTH:g})")
-    p.add_argument("--force", action="store_true", help="with --baseline: compare even if not comparable")
+    p.add_argument("--force", action="store_true",
+                   help="with --baseline: compare even if the runs are not comparable (tier, target, backends)")
+    _undigested_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--allow-thin", action="store_true",
                    help=f"exit 0 on a run that judged too little to mean anything (fewer than {MIN_JUDGED} cases, or "
@@ -126,6 +137,12 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_jobs, metavar="T",
                    help="with --jobs: BLAS threads per worker (default: cores / N; name it when several runs "
                         "share the machine, so that their workers' threads add up to its cores)")
+
+
+def _undigested_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-undigested", action="store_true",
+                   help="read stored runs without digests (no run.json, or one of schema version 1), which "
+                        "cannot be checked against what their run wrote")
 
 
 def _jobs(text: str) -> int:
@@ -148,12 +165,15 @@ def _diff_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"error growth factor that counts (default {DEFAULT_GROWTH:g})")
     p.add_argument("--force", action="store_true",
                    help="compare runs of different tiers, targets, backends, selections or completeness")
+    _undigested_argument(p)
 
 
 def _trend_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", type=Path, help="directories of stored runs")
+    p.add_argument("runs", nargs="+", type=Path, help="directories of stored runs, each run once")
     p.add_argument("--out", default="trend-out", type=Path,
                    help="directory for trend.html, never inside a run read (default: trend-out)")
+    p.add_argument("--force", action="store_true", help="follow runs of different tiers")
+    _undigested_argument(p)
 
 
 def _selftest_arguments(p: argparse.ArgumentParser) -> None:
@@ -190,20 +210,38 @@ def _own_tier(tier: str, target: Target) -> TargetTier:
         raise UsageError(f"target {target.name}: asking what it supports raised {type(exc).__name__}: {exc}") from None
 
 
-def _load(run_dir: Path) -> Run:
+def _load(run_dir: Path, undigested: bool) -> Run:
     try:
-        return load_run(run_dir)
-    except ValueError as exc:
+        return load_run(run_dir, undigested=undigested)
+    except StoreError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _outside(out: Path, reading: list[Path]) -> None:
+    """A usage error when `out` is or lies inside a run being read."""
+    resolved = out.resolve()
+    for run_dir in reading:
+        if resolved == run_dir.resolve() or run_dir.resolve() in resolved.parents:
+            raise UsageError(f"--out {out} is inside {run_dir}, a run this command reads; choose another directory")
+
+
+def _run_folder(out: Path, reading: list[Path], replace: bool, cases: int) -> RunFolder | None:
+    """`out` checked for a run of `cases` cases (reports.run_folder.check) and claimed (locked) by the
+    process that will write it; on the other torchrun ranks checked alike, and None."""
+    _outside(out, reading)
+    try:
+        if under_torchrun() and os.environ["RANK"] != "0":
+            check(out, replace=replace, expected_bytes=estimated_bytes(cases))
+            return None
+        return claim(out, replace=replace, expected_bytes=estimated_bytes(cases))
+    except StoreError as exc:
+        raise UsageError(f"--out {exc}") from None
 
 
 def _output_dir(out: Path, reading: list[Path]) -> Path:
     """`out`, created and proven writable; refused when it is a file, is or lies inside a run being
     read, or cannot be created or written. Call it last among the checks: it creates `out`."""
-    resolved = out.resolve()
-    for run_dir in reading:
-        if resolved == run_dir.resolve() or run_dir.resolve() in resolved.parents:
-            raise UsageError(f"--out {out} is inside {run_dir}, a run this command reads; choose another directory")
+    _outside(out, reading)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
     try:
@@ -239,8 +277,8 @@ def _write_diff(base: Run, head: Run, base_dir: Path, out: Path, growth: float, 
         diff = diff_runs(base_records, head_records, growth=growth, across_backends=across)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    (out / "diff.html").write_text(render_diff_html(diff, base_ctx, head_ctx))
-    (out / "diff.md").write_text(render_diff_markdown(diff, base_ctx, head_ctx))
+    write_file(out / "diff.html", render_diff_html(diff, base_ctx, head_ctx))
+    write_file(out / "diff.md", render_diff_markdown(diff, base_ctx, head_ctx))
     verdict = "REGRESSED" if diff.regressed else "no regression"
     paired = (f" paired across backends {base_ctx.get('backends')} -> {head_ctx.get('backends')};"
               if across else "")
@@ -340,22 +378,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     cases = _cases(args.tier, args.select, own)
     base = None
     if args.baseline is not None:
-        base = _load(args.baseline)
+        base = _load(args.baseline, args.allow_undigested)
         head = {"tier": args.tier, "targets": [target.name], "backends": ",".join(backends)}
         _comparable(base[1], head, (args.baseline, Path("this run")), args.force, ("tier", "targets", "backends"))
-    _output_dir(args.out, [args.baseline] if args.baseline is not None else [])  # every torchrun rank refuses alike
-    ranks = _torchrun_ranks(backends, args.timeout)
-    if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
-        return 0
+    folder = _run_folder(args.out, [args.baseline] if args.baseline is not None else [], args.replace,
+                         len(cases) * len(backends))  # every torchrun rank refuses alike
     try:
-        with _stop_on_signals():
-            return _run(args, target, backends, cases, base, ranks, own)
+        ranks = _torchrun_ranks(backends, args.timeout)
+        if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
+            return 0
+        try:
+            with _stop_on_signals():
+                return _run(args, target, backends, cases, base, ranks, own, folder)
+        finally:
+            pools().close()
     finally:
-        pools().close()
+        if folder is not None:
+            folder.release()
 
 
 def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: list[Case], base: Run | None,
-         ranks: TorchrunRanks | None, own: TargetTier) -> int:
+         ranks: TorchrunRanks | None, own: TargetTier, folder: RunFolder | None) -> int:
     """Run, then (on the driver) write the stored run and the reports; see `cmd_run`."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
@@ -388,7 +431,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
                    interrupted=stopped.reason if stopped else "", scope=judged.scope, thin=judged.thin)
-    write_run(records, info, args.out, pictures)
+    write_run(records, info, folder, pictures)
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]
     print(f"{len(records)} checks: " + ", ".join(f"{counts[s]} {s}" for s in counts)
@@ -414,7 +457,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
 def cmd_diff(args: argparse.Namespace) -> int:
     """Two runs of the same backends pair record by record; runs of different backends (gloo and
     nccl, cpu and cuda) pair each case across them, and must agree on everything else."""
-    base, head = _load(args.base), _load(args.head)
+    base, head = _load(args.base, args.allow_undigested), _load(args.head, args.allow_undigested)
     across = _across_backends(base[1], head[1])
     keys = tuple(k for k in COMPARABLE_BY if k != "backends") if across else COMPARABLE_BY
     _comparable(base[1], head[1], (args.base, args.head), args.force, keys)
@@ -423,9 +466,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_trend(args: argparse.Namespace) -> int:
-    runs = [_load(d) for d in args.runs]
+    """Runs of one tier (others with --force), each once."""
+    runs = [_load(d, args.allow_undigested) for d in args.runs]
+    twice = repeated([ctx for _, ctx in runs])
+    if twice:
+        first, second = twice[0]
+        raise UsageError(f"{args.runs[first]} and {args.runs[second]} are the same run; name each run once")
+    for run_dir, (_, ctx) in zip(args.runs[1:], runs[1:]):
+        _comparable(runs[0][1], ctx, (args.runs[0], run_dir), args.force, ("tier",))
     out = _output_dir(args.out, args.runs)
-    (out / "trend.html").write_text(render_trend_html([(ctx, records) for records, ctx in runs]))
+    write_file(out / "trend.html", render_trend_html([(ctx, records) for records, ctx in runs]))
     print(f"trend over {len(runs)} runs: {out}/trend.html", file=sys.stderr)
     return 0
 
@@ -463,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
-    except UsageError as exc:
+    except (UsageError, StoreError) as exc:  # StoreError: a stored run or report that could not be written
         print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Stop as exc:

@@ -7,6 +7,8 @@
    --out is not a file, and the selection is not empty.
 2. Head: this checkout's CI tier run into OUT/head-run, or the files of --head-run copied
    there (so that OUT, which may lie inside --head-run as in CI, is never inside a run read).
+   The runs an earlier pr-diff stored in OUT/head-run and OUT/base-run are removed first (a
+   base's harness may predate `run --replace`).
 3. Base: REF checked out in a temporary `git worktree`, where that commit's own harness runs
    its CI tier (`python -m harness run --tier ci`, cwd and PYTHONPATH = the worktree, this
    interpreter) into OUT/base-run; the run must record REF's commit, so the base's code is
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from harness.running.selection import select
 from reports import load_run
+from reports.run_folder import RUN_FILES
 
 PROG = "python -m harness pr-diff"
 TIER = "ci"
@@ -83,6 +86,8 @@ def pr_diff(base_ref: str, head_run: Path | None, out: Path, patterns: list[str]
     out = out.resolve()
     selection = [arg for p in patterns for arg in ("--select", p)]
     head, base_run = out / "head-run", out / "base-run"
+    for earlier in (head, base_run):
+        _remove_stored_run(earlier)
     if head_run is None:
         _harness_run(top, head, selection, "head")
     else:
@@ -128,6 +133,12 @@ def _harness_run(checkout: Path, out: Path, selection: list[str], which: str) ->
         load_run(out)
     except ValueError as exc:
         raise PrDiffError(f"the {which} run stored no run: {exc}") from None
+
+
+def _remove_stored_run(folder: Path) -> None:
+    """Remove `folder` when it holds a stored run and nothing else (an earlier pr-diff's)."""
+    if folder.is_dir() and all(p.name in RUN_FILES and p.is_file() for p in folder.iterdir()):
+        shutil.rmtree(folder)
 
 
 def _copy_files(run: Path, to: Path) -> None:
