@@ -19,12 +19,19 @@ an --out that cannot be written or lies inside a run being read, a directory tha
 run or a run whose files disagree, runs that are not comparable without --force);
 128+N a run stopped by signal N (130 SIGINT, 143 SIGTERM), after writing the cases it
 finished, marked incomplete.
+
+A run survives its target's faults: judged in worker processes (--jobs, --isolate, --timeout), a
+case whose target crashes, exits or hangs is that case's error and the run goes on; judged in this
+process, a target that kills it ends the run with that process's status (e.g. 3, or 139 for
+SIGSEGV), and a watcher stores the finished cases and the one it died in, marked incomplete
+(harness/apps/journal.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import importlib
 import math
 import os
@@ -123,7 +130,8 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="judge single-process cases in a worker process: a case whose target crashes, exits or "
                         "runs past --timeout is an error with the exit status, signal or stacks and its output, "
-                        "and the run goes on (without it, a target that kills this process ends the run)")
+                        "and the run goes on (without it, a target that kills this process ends the run; the cases it "
+                        "finished are stored)")
     p.add_argument("--threads", type=_jobs, metavar="T",
                    help="with --jobs: BLAS threads per worker (default: cores / N; name it when several runs "
                         "share the machine, so that their workers' threads add up to its cores)")
@@ -344,6 +352,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
     a journal (harness/apps/journal.py) stores the finished cases should this process die first."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
+    faulthandler.enable()  # a fatal signal in a target judged here prints the Python stacks before the process ends
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if progress:

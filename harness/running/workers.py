@@ -185,6 +185,11 @@ class Workers:
         os.environ.update({v: str(self.threads) for v in THREAD_VARIABLES})
         try:
             proc.start()
+        except BaseException:  # e.g. Stop while it started: no worker is left untracked
+            if proc.pid is not None:
+                proc.kill()
+                proc.join()
+            raise
         finally:
             for v, value in saved.items():
                 if value is None:
@@ -239,7 +244,7 @@ class Workers:
                     continue
                 task, worker.task = worker.task, None
                 yield task, (Done(value) if kind == "done" else
-                             Failed(f"the case raised in its worker process:\n{value}"))
+                             Failed(f"it raised in its worker process:\n{value}"))
         except (EOFError, OSError):
             closed = True
         worker.proc.join(timeout=1.0 if closed else 0.0)
