@@ -1,4 +1,4 @@
-"""The pytest plugin (harness/apps/pytest_plugin.py) used the way a peer team would: a throwaway package
+"""The pytest plugin (harness/pytest_plugin.py) used the way a peer team would: a throwaway package
 outside this repository, its own pytest session in a subprocess, our cases as its tests."""
 
 from __future__ import annotations
@@ -66,8 +66,22 @@ class BrokenOnConv(PeerMuon):
         return case.lr * (1.25 if len(case.shape) > 2 else 1.0)
 
 
+class CrashesOnConv(PeerMuon):
+    name = "peer-muon-crashes"
+
+    def run(self, params, grads, case):
+        if len(case.shape) > 2:  # the planted crash: the process dies on convolution kernels
+            import os
+            os._exit(3)
+        return super().run(params, grads, case)
+
+
 def good():
     return PeerMuon()
+
+
+def crashes():
+    return CrashesOnConv()
 
 
 def broken():
@@ -93,10 +107,10 @@ def peer(tmp_path_factory) -> Path:
 
 
 def pytest_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m pytest -p harness.apps.pytest_plugin ARGS` in `cwd`, with this project importable."""
+    """`python -m pytest -p harness.pytest_plugin ARGS` in `cwd`, with this project importable."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.apps.pytest_plugin", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
                            *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -131,7 +145,7 @@ def test_broken_target_fails_its_conv_case_under_xdist(peer, tmp_path):
     # the failure names the failing check with its ratio and gives the command that reruns the case alone
     assert re.search(r"FAIL reference \(ratio \d", log), log
     assert f"repro: python -m harness run --target peer_muon.targets:broken --backend cpu --select {CONV}" in log, log
-    assert ("repro in pytest: pytest -p harness.apps.pytest_plugin --muon-target=peer_muon.targets:broken "
+    assert ("repro in pytest: pytest -p harness.pytest_plugin --muon-target=peer_muon.targets:broken "
             f"--muon-backend=cpu --muon-select={CONV}") in log, log
     assert "peer-muon implements Muon only" in log, log  # the skip's reason
 
@@ -171,6 +185,25 @@ def test_a_session_stopped_early_stores_an_incomplete_run(peer, tmp_path):
     records, context = load_run(out)
     assert {r.case_id for r in records} == {CONV}
     assert not context["complete"] and context["interrupted"] == "1 of 2 cases did not run (stopping after 1 failures)"
+
+
+def test_a_case_whose_xdist_worker_crashed_is_an_error_in_the_stored_run(peer, tmp_path):
+    """The target's os._exit(3) kills the xdist worker judging the conv case: xdist replaces it and the run
+    stored holds an error on each of that case's checks, saying so, and is complete (issue 30 item 7; before:
+    no record of the case, and "1 of 2 cases did not run (the session ended first)")."""
+    out = tmp_path / "run"
+    result = pytest_in(peer, "-n", "2", "--muon-target=peer_muon.targets:crashes", *selection(LINEAR, CONV),
+                       f"--muon-out={out}", "tests/test_theirs.py")
+    log = result.stdout + result.stderr
+    assert result.returncode == 1 and "crashed while running" in log, log
+    records, context = load_run(out)
+    assert context["complete"], context
+    assert {r.status for r in records if r.case_id == LINEAR} == {"pass"}
+    crashed = [r for r in records if r.case_id == CONV]
+    assert crashed and {r.status for r in crashed} == {"error"}
+    assert all(f"crashed while running 'muon-cpu::{CONV}'" in r.message and "worker process judging this case died"
+               in r.message for r in crashed), crashed[0].message
+    assert crashed[0].repro.endswith(f"--target peer_muon.targets:crashes --backend cpu --select {CONV}")
 
 
 def test_inert_without_target(peer):
@@ -216,7 +249,7 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
 ])
 def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, monkeypatch, options, message):
     """The validation in-process (the subprocess test above shows how pytest prints it)."""
-    from harness.apps.pytest_plugin import ConformanceSession
+    from harness.pytest_plugin import ConformanceSession
 
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -233,7 +266,7 @@ def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, m
 
 
 def test_good_options_create_the_out_dir_on_the_controller_only(tmp_path):
-    from harness.apps.pytest_plugin import ConformanceSession
+    from harness.pytest_plugin import ConformanceSession
 
     worker = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "w"}.__getitem__,
                                                 workerinput={"workerid": "gw0"}))
@@ -249,14 +282,14 @@ def test_entry_point_is_declared():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("the project is not installed (pip install -e .)")
     points = [ep for ep in dist.entry_points if ep.group == "pytest11"]
-    assert [(ep.name, ep.value) for ep in points] == [("harness.apps.pytest_plugin", "harness.apps.pytest_plugin")]
+    assert [(ep.name, ep.value) for ep in points] == [("harness.pytest_plugin", "harness.pytest_plugin")]
 
 
 def test_entry_point_in_pyproject():
     """The declaration itself, for runs where the project is not installed."""
     tomllib = pytest.importorskip("tomllib")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
-    assert declared == {"harness.apps.pytest_plugin": "harness.apps.pytest_plugin"}
+    assert declared == {"harness.pytest_plugin": "harness.pytest_plugin"}
 
 
 def test_failure_text_names_checks_diagnosis_and_both_repros():
@@ -264,7 +297,7 @@ def test_failure_text_names_checks_diagnosis_and_both_repros():
     import dataclasses
     import math
 
-    from harness.apps.pytest_plugin import CaseFailed
+    from harness.pytest_plugin import CaseFailed
     from harness.runner import repro_command
     from reports import Record
 
