@@ -37,6 +37,8 @@ FIRST = "muon/linear-12x20/mb2/noflat/fp32@bf16/ns/rms_norm/plain/wd0/steps3/gau
 EXITS = "muon/linear-12x20/mb2/noflat/fp32@bf16/pe/rms_norm/plain/wd0/steps3/gaussian/seed0"
 SEGFAULTS = "muon/linear-12x20/mb2/noflat/fp32@bf16/gns/spectral_norm/nesterov/wd0.1/steps1/gaussian/seed0"
 CASES = (FIRST, EXITS, SEGFAULTS)
+DIST_FIRST = "muon/linear-12x20/mb1/noflat/fp64@fp64/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0/replicated/ws2"
+DIST_NEXT = "muon/linear-12x20/mb2/noflat/bf16@bf16/ns/rms_norm/nesterov/wd0.1/steps1/zero/seed0/shard1/ws2"
 """The single-process cases SELECT picks, in run order: the faults strike the second and the third."""
 FINE = {"pass", "skipped"}
 """The statuses of a case our Muon steps without a fault (a check may not apply to it)."""
@@ -53,6 +55,7 @@ import torch
 from harness.targets.ours import OursMuon
 
 FIRST, EXITS, SEGFAULTS = {FIRST!r}, {EXITS!r}, {SEGFAULTS!r}
+DIST_FIRST = {DIST_FIRST!r}
 
 
 class Crashes(OursMuon):
@@ -138,8 +141,29 @@ class Leaky(OursMuon):
         return out
 
 
+class LeakyRanks(OursMuon):
+    """Changes threads and matmul precision once it has built DIST_FIRST's optimizer (on every rank); raises
+    when it builds another case's and finds them changed."""
+
+    name = "leaky-ranks"
+
+    def make_distributed(self, params, case, mesh):
+        seen = (torch.get_num_threads(), torch.get_float32_matmul_precision())
+        if case.id != DIST_FIRST and seen != (1, "highest"):
+            raise RuntimeError(f"DIST_FIRST's settings leaked into this case: {{seen}}")
+        optimizer = super().make_distributed(params, case, mesh)
+        if case.id == DIST_FIRST:
+            torch.set_num_threads(2)
+            torch.set_float32_matmul_precision("medium")
+        return optimizer
+
+
 def crashes():
     return Crashes()
+
+
+def leaky_ranks():
+    return LeakyRanks()
 
 
 def sys_exits():
@@ -259,7 +283,7 @@ def test_workers_fail_a_task_that_raises_dies_or_hangs_and_go_on():
     assert isinstance(hung, workers.Failed) and "ran past the timeout of 2s" in hung.why
     assert "hanging on the clock" in hung.why and re.search(r"File .*test_faults.py.*in _task", hung.why), hung.why
     assert isinstance(exited, workers.Failed) and "SystemExit: 5" in exited.why
-    assert isinstance(died, workers.Failed) and "died (exit code 3) during the harness's judging" in died.why
+    assert isinstance(died, workers.Failed) and "died (exit code 3) while the harness judged it" in died.why
     assert "exiting with 3" in died.why
     _wait(lambda: not _alive(pids), 10, "the workers to exit")
 
@@ -277,8 +301,8 @@ def test_a_jobs_run_records_a_dead_worker_on_its_case_and_goes_on(faulty, tmp_pa
     cases = _by_case(records)
     assert set(cases) == set(CASES)
     assert {r.status for r in cases[FIRST]} <= FINE
-    for case_id, how, words in ((EXITS, "died (exit code 3) during the target's code", "before os._exit(3)"),
-                                (SEGFAULTS, "died with signal SIGSEGV (exit code -11) during the target's code",
+    for case_id, how, words in ((EXITS, "died (exit code 3) while the target's code ran", "before os._exit(3)"),
+                                (SEGFAULTS, "died with signal SIGSEGV (exit code -11) while the target's code ran",
                                  "before SIGSEGV")):
         assert {r.status for r in cases[case_id]} == {"error"}
         message = cases[case_id][0].message
@@ -423,3 +447,14 @@ def test_kept_torch_state_restores_every_setting_and_names_what_changed():
     with guard.kept_torch_state() as changed:
         torch.randn(3)  # drawing random numbers is use, not a setting: restored without a word
     assert changed == [] and torch.equal(torch.get_rng_state(), before.cpu_rng)
+
+
+def test_the_ranks_restore_the_settings_a_target_changed_and_its_records_name_them(faulty):
+    """On a rank pool, which runs case after case: LeakyRanks's settings from DIST_FIRST do not reach DIST_NEXT
+    (before: the ranks raised on DIST_NEXT), and DIST_FIRST's records name them."""
+    target, spec = load_target("faulty_targets:leaky_ranks"), "faulty_targets:leaky_ranks"
+    first = runner.run_case(Case.from_id(DIST_FIRST), target, spec)
+    after = runner.run_case(Case.from_id(DIST_NEXT), target, spec)
+    assert first and all("torch.get_num_threads(): 1 -> 2" in r.message for r in first), first[0].message
+    assert {r.status for r in after} <= FINE, after[0].message
+    assert not any("changed torch's global settings" in r.message for r in after)

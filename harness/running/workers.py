@@ -244,7 +244,7 @@ class Workers:
                     continue
                 task, worker.task = worker.task, None
                 yield task, (Done(value) if kind == "done" else
-                             Failed(f"it raised in its worker process:\n{value}"))
+                             Failed(f"the worker process judging this case raised:\n{value}"))
         except (EOFError, OSError):
             closed = True
         worker.proc.join(timeout=1.0 if closed else 0.0)
@@ -254,9 +254,9 @@ class Workers:
             "(it closed its pipe to the harness)"
         self._remove(worker)
         if task is not None:
-            where = "the target's code" if worker.clock_since is not None else "the harness's judging"
-            yield task, Failed(f"its worker process died {end} during {where}, without a reply; what it wrote "
-                               f"during this case:\n{log_tail(worker.log, worker.log_start)}")
+            where = "the target's code ran" if worker.clock_since is not None else "the harness judged it"
+            yield task, Failed(f"the worker process judging this case died {end} while {where}, without a reply; "
+                               f"what it wrote during this case:\n{log_tail(worker.log, worker.log_start)}")
 
     def _hung(self, worker: _Worker) -> tuple[int, Failed]:
         """The outcome of a task whose target ran past the timeout: its stacks; the worker is killed."""
@@ -264,8 +264,9 @@ class Workers:
         assert task is not None
         text = stacks(worker.proc, worker.log, worker.log_start)
         self._remove(worker)
-        return task, Failed(f"the target's code ran past the timeout of {self.timeout:g}s (--timeout); its worker "
-                            f"process was killed; what it wrote during this case, then its stacks:\n{text}")
+        return task, Failed(f"the target's code ran past the timeout of {self.timeout:g}s (--timeout); the worker "
+                            f"process judging this case was killed; what it wrote during this case, then its "
+                            f"stacks:\n{text}")
 
     def _remove(self, worker: _Worker) -> None:
         """Kill `worker` (if it still lives) and forget it."""
