@@ -382,8 +382,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
             ranks.close()
             if not driver:
                 return 0 if stopped is None else 128 + stopped.signum
-        info = replace(info, seconds=time.perf_counter() - t0,
-                                   interrupted=stopped.reason if stopped else "")
+        info = replace(info, seconds=time.perf_counter() - t0, interrupted=stopped.reason if stopped else "")
         write_run(records, info, args.out, pictures)
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]
