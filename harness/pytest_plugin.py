@@ -13,7 +13,11 @@ skipped, with the reasons, when every check is unsupported or skipped; it passes
 Each test hands its records to the controlling process through `report.user_properties`
 (JSON), so under xdist the controller aggregates every worker's records and, at the end of
 the session, writes to --muon-out the same stored run as `python -m harness run`
-(results.parquet, results.csv, run.json, report.html, summary.md).
+(results.parquet, results.csv, run.json, report.html, summary.md). A case whose test ends
+without records is an error on each of its checks there, saying why: under xdist, the worker
+that crashed in it (a target's os._exit or fatal signal; xdist replaces the worker and the
+session goes on); otherwise the harness's traceback. Without xdist such a crash ends pytest
+itself, and nothing is stored.
 
 Inert without --muon-target: only the options are added and nothing is imported beyond
 this module, so a session of anyone who has the package installed is unchanged.
@@ -240,10 +244,27 @@ class ConformanceSession:
         self.expected = {i for i in ids if i.startswith(tuple(f"muon-{b}::" for b in self.backends))}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep the records a test carried (on the controller, reports come from every worker)."""
+        """Keep the records a test carried (on the controller, reports come from every worker). A case's
+        test that failed without records (its xdist worker crashed in it: the target's os._exit or a fatal
+        signal; or the harness raised) gets an error on each of its checks, saying why."""
         for key, value in report.user_properties:
             if key == PROPERTY and report.nodeid not in self.records:
                 self.records[report.nodeid] = _decode(value)
+        if report.failed and report.nodeid not in self.records and report.nodeid in self.expected:
+            self.records[report.nodeid] = self._unjudged(report)
+
+    def _unjudged(self, report: pytest.TestReport) -> list[Record]:
+        """The error records of a case whose test `report` failed before it produced records."""
+        from cases import Case
+        from harness.runner import failed_case
+
+        group, _, case_id = report.nodeid.partition("::")
+        if report.when in ("setup", "call", "teardown"):
+            why = f"the test of this case failed before it produced records:\n{report.longreprtext}"
+        else:  # xdist's report of the item a crashed worker was running
+            why = (f"{report.longreprtext}: the pytest-xdist worker process judging this case died (the target's "
+                   f"os._exit or a fatal signal such as SIGSEGV, or it was killed); xdist replaced it")
+        return failed_case(Case.from_id(case_id), self.target, self.spec, group.removeprefix("muon-"), why)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

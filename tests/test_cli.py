@@ -230,7 +230,7 @@ def test_sigint_writes_the_finished_cases_marked_incomplete(tmp_path):
 def test_timeout_reaches_the_runner(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout, pictures):
+    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout, pictures, journal):
         seen[backend] = timeout
         return []
 

@@ -66,8 +66,22 @@ class BrokenOnConv(PeerMuon):
         return case.lr * (1.25 if len(case.shape) > 2 else 1.0)
 
 
+class CrashesOnConv(PeerMuon):
+    name = "peer-muon-crashes"
+
+    def run(self, params, grads, case):
+        if len(case.shape) > 2:  # the planted crash: the process dies on convolution kernels
+            import os
+            os._exit(3)
+        return super().run(params, grads, case)
+
+
 def good():
     return PeerMuon()
+
+
+def crashes():
+    return CrashesOnConv()
 
 
 def broken():
@@ -171,6 +185,25 @@ def test_a_session_stopped_early_stores_an_incomplete_run(peer, tmp_path):
     records, context = load_run(out)
     assert {r.case_id for r in records} == {CONV}
     assert not context["complete"] and context["interrupted"] == "1 of 2 cases did not run (stopping after 1 failures)"
+
+
+def test_a_case_whose_xdist_worker_crashed_is_an_error_in_the_stored_run(peer, tmp_path):
+    """The target's os._exit(3) kills the xdist worker judging the conv case: xdist replaces it and the run
+    stored holds an error on each of that case's checks, saying so, and is complete (issue 30 item 7; before:
+    no record of the case, and "1 of 2 cases did not run (the session ended first)")."""
+    out = tmp_path / "run"
+    result = pytest_in(peer, "-n", "2", "--muon-target=peer_muon.targets:crashes", *selection(LINEAR, CONV),
+                       f"--muon-out={out}", "tests/test_theirs.py")
+    log = result.stdout + result.stderr
+    assert result.returncode == 1 and "crashed while running" in log, log
+    records, context = load_run(out)
+    assert context["complete"], context
+    assert {r.status for r in records if r.case_id == LINEAR} == {"pass"}
+    crashed = [r for r in records if r.case_id == CONV]
+    assert crashed and {r.status for r in crashed} == {"error"}
+    assert all(f"crashed while running 'muon-cpu::{CONV}'" in r.message and "worker process judging this case died"
+               in r.message for r in crashed), crashed[0].message
+    assert crashed[0].repro.endswith(f"--target peer_muon.targets:crashes --backend cpu --select {CONV}")
 
 
 def test_inert_without_target(peer):

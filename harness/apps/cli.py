@@ -22,12 +22,19 @@ disagree, or one without digests without --allow-undigested; runs that are not c
 or trend runs of different tiers, without --force; one run named twice to trend), or a run
 that could not be stored (one line; the folder is as it was); 128+N a run stopped by
 signal N (130 SIGINT, 143 SIGTERM), after writing the cases it finished, marked incomplete.
+
+A run survives its target's faults: judged in worker processes (--jobs, --isolate, --timeout), a
+case whose target crashes, exits or hangs is that case's error and the run goes on; judged in this
+process, a target that kills it ends the run with that process's status (e.g. 3, or 139 for
+SIGSEGV), and a watcher stores the finished cases and the one it died in, marked incomplete
+(harness/apps/journal.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import importlib
 import math
 import os
@@ -38,8 +45,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +55,7 @@ import torch.distributed as dist
 
 from cases import TIERS, Case
 from harness.apps import pr_diff
+from harness.apps.journal import Journal
 from harness.apps.outputs import write_run
 from harness.judging.details import Pictures
 from harness.judging.scope import MIN_JUDGED, judgement
@@ -113,9 +121,11 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cpu", help=f"comma-separated backends, each once, of {', '.join(BACKENDS)}")
     p.add_argument("--target", default=DEFAULT, help="alias or MODULE:CALLABLE returning a Target (default: ours)")
     p.add_argument("--timeout", type=_number(0.0, inclusive=False), metavar="SECONDS",
-                   help=f"seconds a distributed case may run before its ranks count as hung (default "
-                        f"{DEFAULT_TIMEOUT:g}; under torchrun it is the process group's timeout, default "
-                        f"{TORCHRUN_TIMEOUT:g})")
+                   help=f"seconds a target's code may run at a stretch before its case is an error with its "
+                        f"stacks: a distributed case's ranks, a single-process case's worker process (giving "
+                        f"--timeout runs single-process cases in workers, as --isolate); default "
+                        f"{DEFAULT_TIMEOUT:g}, and none for single-process cases run in this process; under "
+                        f"torchrun it is the process group's timeout, default {TORCHRUN_TIMEOUT:g}")
     p.add_argument("--out", default="out", type=Path,
                    help="directory for results.parquet/.csv, run.json, reports: absent, empty, or a stored run "
                         "with --replace; written beside it and renamed into place when complete")
@@ -133,7 +143,13 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                         f"an axis value the target supports judged on no case); it still says so")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                    help="judge N single-process cases at once in spawned worker processes, each with "
-                        "cores/N BLAS threads (default 1: in this process; ignored under torchrun)")
+                        "cores/N BLAS threads, as --isolate does (default 1: in this process; ignored under "
+                        "torchrun)")
+    p.add_argument("--isolate", action="store_true",
+                   help="judge single-process cases in a worker process: a case whose target crashes, exits or "
+                        "runs past --timeout is an error with the exit status, signal or stacks and its output, "
+                        "and the run goes on (without it, a target that kills this process ends the run; the cases it "
+                        "finished are stored)")
     p.add_argument("--threads", type=_jobs, metavar="T",
                    help="with --jobs: BLAS threads per worker (default: cores / N; name it when several runs "
                         "share the machine, so that their workers' threads add up to its cores)")
@@ -399,39 +415,45 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: list[Case], base: Run | None,
          ranks: TorchrunRanks | None, own: TargetTier, folder: RunFolder | None) -> int:
-    """Run, then (on the driver) write the stored run and the reports; see `cmd_run`."""
+    """Run, then (on the driver) write the stored run and the reports; see `cmd_run`. Outside torchrun
+    a journal (harness/apps/journal.py) stores the finished cases should this process die first."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
+    faulthandler.enable()  # a fatal signal in a target judged here prints the Python stacks before the process ends
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if progress:
         print(f"judging {target.name} ({target.version()}) on {len(cases)} cases of its {args.tier} tier "
               f"({len(own.cases)} cases; {own.unsupported} of the global tier's unsupported), backends "
               f"{','.join(backends)}", file=progress)
-    records, stopped, pictures = [], None, Pictures()
-    parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
-    try:
-        for backend in backends:
-            if progress:
-                print(f"backend {backend}:", file=progress)
-            records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
-                           pictures=pictures, **parallel)
-    except Interrupted as exc:
-        records += exc.records
-        stopped = exc
-        print(f"{exc}; writing the checks of the cases it finished", file=sys.stderr)
-    if ranks is not None:
-        ranks.close()
-        if not driver:
-            return 0 if stopped is None else 128 + stopped.signum
     spec = "" if args.target == target.name else f" (--target {args.target})"
-    judged = judgement(own, cases, records, backends, bool(args.select))
     info = RunInfo(target=f"{target.name}: {target.version()}{spec}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
-                   started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
-                   torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
-                   interrupted=stopped.reason if stopped else "", scope=judged.scope, thin=judged.thin)
-    write_run(records, info, folder, pictures)
+                   started=started.isoformat(timespec="seconds"), seconds=0.0, torch_version=torch.__version__,
+                   commit=project_commit() if driver else "", selection=tuple(args.select))
+    records, stopped, pictures = [], None, Pictures()
+    parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
+    if args.isolate:
+        parallel["isolate"] = True
+    with Journal(args.out, info) if ranks is None else nullcontext() as journal:
+        try:
+            for backend in backends:
+                if progress:
+                    print(f"backend {backend}:", file=progress)
+                records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
+                               pictures=pictures, journal=journal, **parallel)
+        except Interrupted as exc:
+            records += exc.records
+            stopped = exc
+            print(f"{exc}; writing the checks of the cases it finished", file=sys.stderr)
+        if ranks is not None:
+            ranks.close()
+            if not driver:
+                return 0 if stopped is None else 128 + stopped.signum
+        judged = judgement(own, cases, records, backends, bool(args.select))
+        info = replace(info, seconds=time.perf_counter() - t0, interrupted=stopped.reason if stopped else "",
+                       scope=judged.scope, thin=judged.thin)
+        write_run(records, info, folder, pictures)
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]
     print(f"{len(records)} checks: " + ", ".join(f"{counts[s]} {s}" for s in counts)
