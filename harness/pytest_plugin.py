@@ -204,7 +204,7 @@ class ConformanceSession:
 
     def rerun(self, case: Case, backend: str) -> str:
         """The pytest command that reruns `case` alone on `backend`."""
-        return shlex.join(["pytest", "-p", "harness.apps.pytest_plugin", f"--muon-target={self.spec}",
+        return shlex.join(["pytest", "-p", "harness.pytest_plugin", f"--muon-target={self.spec}",
                            f"--muon-backend={backend}", f"--muon-select={case.id}"])
 
     @property

@@ -1,4 +1,4 @@
-"""The pytest plugin (harness/apps/pytest_plugin.py) used the way a peer team would: a throwaway package
+"""The pytest plugin (harness/pytest_plugin.py) used the way a peer team would: a throwaway package
 outside this repository, its own pytest session in a subprocess, our cases as its tests."""
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ def peer(tmp_path_factory) -> Path:
 
 
 def pytest_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m pytest -p harness.apps.pytest_plugin ARGS` in `cwd`, with this project importable."""
+    """`python -m pytest -p harness.pytest_plugin ARGS` in `cwd`, with this project importable."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.apps.pytest_plugin", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
                            *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -131,7 +131,7 @@ def test_broken_target_fails_its_conv_case_under_xdist(peer, tmp_path):
     # the failure names the failing check with its ratio and gives the command that reruns the case alone
     assert re.search(r"FAIL reference \(ratio \d", log), log
     assert f"repro: python -m harness run --target peer_muon.targets:broken --backend cpu --select {CONV}" in log, log
-    assert ("repro in pytest: pytest -p harness.apps.pytest_plugin --muon-target=peer_muon.targets:broken "
+    assert ("repro in pytest: pytest -p harness.pytest_plugin --muon-target=peer_muon.targets:broken "
             f"--muon-backend=cpu --muon-select={CONV}") in log, log
     assert "peer-muon implements Muon only" in log, log  # the skip's reason
 
@@ -216,7 +216,7 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
 ])
 def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, monkeypatch, options, message):
     """The validation in-process (the subprocess test above shows how pytest prints it)."""
-    from harness.apps.pytest_plugin import ConformanceSession
+    from harness.pytest_plugin import ConformanceSession
 
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -233,7 +233,7 @@ def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, m
 
 
 def test_good_options_create_the_out_dir_on_the_controller_only(tmp_path):
-    from harness.apps.pytest_plugin import ConformanceSession
+    from harness.pytest_plugin import ConformanceSession
 
     worker = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "w"}.__getitem__,
                                                 workerinput={"workerid": "gw0"}))
@@ -249,14 +249,14 @@ def test_entry_point_is_declared():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("the project is not installed (pip install -e .)")
     points = [ep for ep in dist.entry_points if ep.group == "pytest11"]
-    assert [(ep.name, ep.value) for ep in points] == [("harness.apps.pytest_plugin", "harness.apps.pytest_plugin")]
+    assert [(ep.name, ep.value) for ep in points] == [("harness.pytest_plugin", "harness.pytest_plugin")]
 
 
 def test_entry_point_in_pyproject():
     """The declaration itself, for runs where the project is not installed."""
     tomllib = pytest.importorskip("tomllib")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
-    assert declared == {"harness.apps.pytest_plugin": "harness.apps.pytest_plugin"}
+    assert declared == {"harness.pytest_plugin": "harness.pytest_plugin"}
 
 
 def test_failure_text_names_checks_diagnosis_and_both_repros():
@@ -264,7 +264,7 @@ def test_failure_text_names_checks_diagnosis_and_both_repros():
     import dataclasses
     import math
 
-    from harness.apps.pytest_plugin import CaseFailed
+    from harness.pytest_plugin import CaseFailed
     from harness.runner import repro_command
     from reports import Record
 

@@ -153,7 +153,7 @@ def test_a_base_run_that_stores_nothing_is_an_error_and_removes_the_worktree(rep
 
     def base_fails(checkout: Path, out: Path, selection: list[str], which: str) -> None:
         trees.append(checkout)
-        assert (checkout / "harness" / "cli.py").is_file(), "a checkout of the base"
+        assert (checkout / "harness" / "apps" / "cli.py").is_file(), "a checkout of the base"
         raise pr_diff.PrDiffError(f"the {which} run exited with status 2, so there is nothing to compare")
 
     monkeypatch.setattr(pr_diff, "_harness_run", base_fails)
