@@ -206,7 +206,8 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
 
 @pytest.mark.parametrize("options, message", [
     ({"muon_target": "no_such_module:target"}, "--muon-target: target 'no_such_module:target': cannot import"),
-    ({"muon_target": "harness.targets:TargetError"}, "returned TargetError, not a harness Target"),
+    ({"muon_target": "harness.targets:TargetError"},
+     "the callable must return a harness Target; TargetError() returned TargetError"),
     ({"muon_target": "raises_on_import:target"}, "'raises_on_import:target': loading it raised RuntimeError: boom"),
     ({"muon_select": ["no-such-case"]}, "--muon-select ['no-such-case']: no case of tier 'ci' matches"),
     ({"muon_backend": "cpu,tpu"}, "--muon-backend 'cpu,tpu': name distinct backends of"),

@@ -51,7 +51,7 @@ from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.running.backends import get as get_backend
 from harness.running.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
 from harness.running.selection import nearest, select
-from harness.targets import DEFAULT, load_target
+from harness.targets import DEFAULT, TargetError, load_target
 from harness.targets.base import Target
 from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
                      status_counts)
@@ -248,6 +248,8 @@ def _target(spec: str) -> Target:
     """The target, or a usage error: a bad spec, or a module or factory that raises."""
     try:
         return load_target(spec)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
     except Exception as exc:  # a target module that fails to import is bad input, whatever it raises
         text = str(exc).splitlines()[0] if str(exc) else ""
         raise UsageError(f"target {spec!r} could not be loaded: {type(exc).__name__}: {text}") from None
