@@ -158,7 +158,8 @@ class ConformanceSession:
         from cases import TIERS
         from harness.runner import BACKENDS
         from harness.running.selection import select
-        from harness.targets import TargetError, load_target
+        from harness.targets import TargetError, load_target, target_module
+        from harness.targets.identity import module_identity
 
         self.config = config
         self.spec: str = config.getoption("muon_target")
@@ -181,6 +182,8 @@ class ConformanceSession:
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise pytest.UsageError(f"--muon-target {self.spec!r}: loading it raised {type(exc).__name__}: {first}") \
                 from None
+        self.judged = module_identity(target_module(self.spec)) if self.is_controller else None
+        """The code judged, as imported when the session started."""
         self.cases = select(self.tier, self.patterns)
         if not self.cases:
             raise pytest.UsageError(f"--muon-select {self.patterns}: no case of tier {self.tier!r} matches")
@@ -258,6 +261,7 @@ class ConformanceSession:
         import torch
 
         from harness.apps.outputs import write_run
+        from harness.targets.identity import module_identity
         from reports import RunInfo
         from reports.store import project_commit
 
@@ -267,7 +271,7 @@ class ConformanceSession:
                        backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
                        started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
                        torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns),
-                       interrupted=self.incomplete)
+                       interrupted=self.incomplete, judged=self.judged, harness=module_identity("harness"))
         write_run(records, info, self.out, self.pictures)
 
     def _incomplete(self, session: pytest.Session) -> str:

@@ -15,7 +15,8 @@ import re
 
 from reports import tp_table
 from reports.derived import allowed, title
-from reports.records import STATUSES, Record, RunInfo, format_metric, group_by, status_counts, worst_first, worst_ratio
+from reports.records import (STATUSES, Record, RunInfo, format_metric, group_by, harness_text, status_counts, worst_first,
+                             worst_ratio)
 
 
 def render_markdown(
@@ -59,7 +60,8 @@ def code_span(value: str) -> str:
 def _context(info: RunInfo) -> str:
     return (
         f"Backends: {cell_text(info.backends)} · torch {cell_text(info.torch_version)} · "
-        f"commit {cell_text(info.commit or 'unknown')} · started {cell_text(info.started)} · {info.seconds:.1f} s"
+        f"judged code {cell_text(info.judged.named())} · harness {cell_text(harness_text(info.harness, info.commit))} · "
+        f"started {cell_text(info.started)} · {info.seconds:.1f} s"
     )
 
 

@@ -51,11 +51,13 @@ from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.running.backends import get as get_backend
 from harness.running.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
 from harness.running.selection import nearest, select
-from harness.targets import DEFAULT, TargetError, load_target
+from harness.targets import DEFAULT, TargetError, load_target, target_module
 from harness.targets.base import Target
-from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
-                     status_counts)
+from harness.targets.identity import module_identity
+from reports import (CodeIdentity, RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown,
+                     render_trend_html, status_counts)
 from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
+from reports.diff_html import same_code_note
 from reports.store import project_commit
 
 Run = tuple[list, dict[str, Any]]
@@ -229,6 +231,8 @@ def _write_diff(base: Run, head: Run, base_dir: Path, out: Path, growth: float, 
               if across else "")
     print(f"diff against {base_dir}:{paired} {verdict} ({', '.join(f'{len(v)} {k}' for k, v in diff.categories().items() if v)}); "
           f"{out}/diff.html", file=sys.stderr)
+    if same := same_code_note(base_ctx, head_ctx):
+        print(same, file=sys.stderr)
     return diff.regressed
 
 
@@ -315,6 +319,7 @@ def _coverage(cases: list[Case]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     backends = _backends(args.backend)
     target = _target(args.target)
+    judged = module_identity(target_module(args.target))  # before any case runs: the code as imported
     cases = _cases(args.tier, args.select)
     base = None
     if args.baseline is not None:
@@ -327,14 +332,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     try:
         with _stop_on_signals():
-            return _run(args, target, backends, cases, base, ranks)
+            return _run(args, target, judged, backends, cases, base, ranks)
     finally:
         pools().close()
 
 
-def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: list[Case], base: Run | None,
-         ranks: TorchrunRanks | None) -> int:
-    """Run, then (on the driver) write the stored run and the reports; see `cmd_run`."""
+def _run(args: argparse.Namespace, target: Target, judged: CodeIdentity, backends: list[str], cases: list[Case],
+         base: Run | None, ranks: TorchrunRanks | None) -> int:
+    """Run, then (on the driver) write the stored run and the reports, naming `judged` as the code judged;
+    see `cmd_run`."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -363,7 +369,7 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
                    torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
-                   interrupted=stopped.reason if stopped else "")
+                   interrupted=stopped.reason if stopped else "", judged=judged, harness=module_identity("harness"))
     write_run(records, info, args.out, pictures)
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]
