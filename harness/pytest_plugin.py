@@ -15,6 +15,16 @@ Each test hands its records to the controlling process through `report.user_prop
 the session, writes to --muon-out the same stored run as `python -m harness run`
 (results.parquet, results.csv, run.json, report.html, summary.md).
 
+Exit status: pytest's. 0 every test passed (or was skipped); 1 a test failed; 4 (pytest's
+usage error, `USAGE_EXIT`) a bad --muon-* option, reported in one line before any test runs or
+anything is written: a target that is no alias or MODULE:CALLABLE returning a Target, or whose
+module fails to import; an unknown tier or backend; a selection that matches no case; a
+--muon-out that is a file or cannot be created.
+
+A pull request's diff: this plugin judges one checkout. Its --muon-out run is a stored run like
+`python -m harness run`'s, so `python -m harness pr-diff --base-ref REF --target SPEC --head-run DIR`
+(with the session's --muon-select values as --select) reuses it as the head and runs the base.
+
 Inert without --muon-target: only the options are added and nothing is imported beyond
 this module, so a session of anyone who has the package installed is unchanged.
 """
@@ -40,6 +50,9 @@ PROPERTY = "muon_records"
 PICTURES = "muon_pictures"
 """xdist workeroutput key: a worker's worst reference checks and their evidence, for the report's pictures."""
 
+USAGE_EXIT = int(pytest.ExitCode.USAGE_ERROR)
+"""The exit status of a session with a bad --muon-* option: pytest's usage error, 4."""
+
 SESSION_PLUGIN = "muon-conformance-session"
 """Name under which the session object below is registered when --muon-target is given."""
 
@@ -48,7 +61,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("muon", "Muon conformance: judge a Muon implementation case by case")
     group.addoption("--muon-target", metavar="MODULE:CALLABLE",
                     help="harness target to judge (alias or MODULE:CALLABLE returning a harness Target); "
-                         "without it this plugin does nothing")
+                         "without it this plugin does nothing. A bad --muon-* option exits with status "
+                         f"{USAGE_EXIT} (pytest's usage error) before any test runs")
     group.addoption("--muon-tier", default="ci", metavar="TIER", help="case tier: ci (default) or nightly")
     group.addoption("--muon-select", action="append", default=[], metavar="SUBSTRING",
                     help="keep cases whose id contains SUBSTRING (repeatable); a full case id runs that case")
