@@ -19,6 +19,16 @@ that crashed in it (a target's os._exit or fatal signal; xdist replaces the work
 session goes on); otherwise the harness's traceback. Without xdist such a crash ends pytest
 itself, and nothing is stored.
 
+Exit status: pytest's. 0 every test passed (or was skipped); 1 a test failed; 4 (pytest's
+usage error, `USAGE_EXIT`) a bad --muon-* option, reported in one line before any test runs or
+anything is written: a target that is no alias or MODULE:CALLABLE returning a Target, or whose
+module fails to import; an unknown tier or backend; a selection that matches no case; a
+--muon-out that is a file or cannot be created.
+
+A pull request's diff: this plugin judges one checkout. Its --muon-out run is a stored run like
+`python -m harness run`'s, so `python -m harness pr-diff --base-ref REF --target SPEC --head-run DIR`
+(with the session's --muon-select values as --select) reuses it as the head and runs the base.
+
 Inert without --muon-target: only the options are added and nothing is imported beyond
 this module, so a session of anyone who has the package installed is unchanged.
 """
@@ -45,6 +55,9 @@ PROPERTY = "muon_records"
 PICTURES = "muon_pictures"
 """xdist workeroutput key: a worker's worst reference checks and their evidence, for the report's pictures."""
 
+USAGE_EXIT = int(pytest.ExitCode.USAGE_ERROR)
+"""The exit status of a session with a bad --muon-* option: pytest's usage error, 4."""
+
 SESSION_PLUGIN = "muon-conformance-session"
 """Name under which the session object below is registered when --muon-target is given."""
 
@@ -53,7 +66,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("muon", "Muon conformance: judge a Muon implementation case by case")
     group.addoption("--muon-target", metavar="MODULE:CALLABLE",
                     help="harness target to judge (alias or MODULE:CALLABLE returning a harness Target); "
-                         "without it this plugin does nothing")
+                         "without it this plugin does nothing. A bad --muon-* option exits with status "
+                         f"{USAGE_EXIT} (pytest's usage error) before any test runs")
     group.addoption("--muon-tier", default="ci", metavar="TIER", help="case tier: ci (default) or nightly")
     group.addoption("--muon-select", action="append", default=[], metavar="SUBSTRING",
                     help="keep cases whose id contains SUBSTRING (repeatable); a full case id runs that case")
@@ -167,7 +181,8 @@ class ConformanceSession:
         from cases import TIERS
         from harness.runner import BACKENDS
         from harness.running.selection import narrow, target_tier
-        from harness.targets import TargetError, load_target
+        from harness.targets import TargetError, load_target, target_module
+        from harness.targets.identity import module_identity
 
         self.config = config
         self.spec: str = config.getoption("muon_target")
@@ -195,6 +210,8 @@ class ConformanceSession:
         except Exception as exc:  # an adapter's unsupported() that raises is bad input too
             raise pytest.UsageError(f"--muon-target {self.spec!r}: asking what it supports raised "
                                     f"{type(exc).__name__}: {exc}") from None
+        self.code = module_identity(target_module(self.spec)) if self.is_controller else None
+        """The code judged, as imported when the session started."""
         self.cases = narrow(self.own.cases, self.patterns)
         if not self.cases:
             raise pytest.UsageError(f"--muon-select {self.patterns}: no case of the target's {self.tier!r} tier matches")
@@ -295,6 +312,7 @@ class ConformanceSession:
         import torch
 
         from harness.apps.outputs import write_run
+        from harness.targets.identity import module_identity
         from reports import RunInfo
         from reports.store import project_commit
 
@@ -303,7 +321,8 @@ class ConformanceSession:
                        backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
                        started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
                        torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns),
-                       interrupted=self.incomplete, scope=self.judged.scope, thin=self.judged.thin)
+                       interrupted=self.incomplete, scope=self.judged.scope, thin=self.judged.thin, judged=self.code,
+                       harness=module_identity("harness"))
         write_run(records, info, self.out, self.pictures)
 
     def _incomplete(self, session: pytest.Session) -> str:

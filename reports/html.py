@@ -32,6 +32,7 @@ from reports.records import (
     RunInfo,
     format_metric,
     group_by,
+    harness_text,
     status_counts,
     worst_first,
     worst_ratio,
@@ -168,7 +169,8 @@ def _header(info: RunInfo, records: list[Record]) -> str:
         ("started", escape(info.started)),
         ("duration", escape(f"{info.seconds:.1f} s")),
         ("torch", escape(info.torch_version)),
-        ("commit", escape(info.commit or "unknown")),
+        ("judged code", escape(info.judged.named())),
+        ("harness", escape(harness_text(info.harness, info.commit))),
     )
     if info.interrupted:
         items = (("status", f"<strong>INCOMPLETE</strong>: interrupted by {escape(info.interrupted)}"), *items)

@@ -16,7 +16,8 @@ import re
 
 from reports import tp_table
 from reports.derived import allowed, title
-from reports.records import STATUSES, Record, RunInfo, format_metric, group_by, status_counts, worst_first, worst_ratio
+from reports.records import (STATUSES, Record, RunInfo, format_metric, group_by, harness_text, status_counts, worst_first,
+                             worst_ratio)
 
 DIAGNOSIS_CHARS = 160
 """Characters of a diagnosis shown in a table cell (the report's details hold all of it)."""
@@ -63,7 +64,8 @@ def code_span(value: str) -> str:
 def _context(info: RunInfo) -> str:
     return (
         f"Backends: {cell_text(info.backends)} · torch {cell_text(info.torch_version)} · "
-        f"commit {cell_text(info.commit or 'unknown')} · started {cell_text(info.started)} · {info.seconds:.1f} s"
+        f"judged code {cell_text(info.judged.named())} · harness {cell_text(harness_text(info.harness, info.commit))} · "
+        f"started {cell_text(info.started)} · {info.seconds:.1f} s"
     )
 
 

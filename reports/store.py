@@ -41,8 +41,8 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reports.records import (COLUMNS, SCHEMA_VERSION, STATUSES, Record, RunInfo, check_columns, from_row,
-                             read_csv, status_counts, write_csv)
+from reports.records import (COLUMNS, SCHEMA_VERSION, STATUSES, CodeIdentity, Record, RunInfo, check_columns,
+                             from_row, read_csv, status_counts, write_csv)
 from reports.run_folder import CONTEXT, CSV, PARQUET, RunFolder, StoreError, claim, estimated_bytes, left_aside
 
 _VERSION_KEY = b"schema_version"
@@ -305,6 +305,10 @@ _INFO_TYPES: dict[str, Check] = {
     "str": _is_str,
     "float": lambda value: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
     "tuple[str, ...]": _is_list(_is_str),
+    "CodeIdentity": lambda value: (isinstance(value, dict)
+                                   and set(value) <= {f.name for f in dataclasses.fields(CodeIdentity)}
+                                   and all(isinstance(v, bool) if k == "dirty" else _is_str(v)
+                                           for k, v in value.items())),
 }
 """A check per `RunInfo` field type, as JSON holds it (a new field type needs its check here)."""
 _STORE_KEYS: dict[str, Check] = {
@@ -325,9 +329,16 @@ _STORE_KEYS: dict[str, Check] = {
 """The keys `write_files` adds to the `RunInfo` fields, each with its check."""
 CONTEXT_KEYS: dict[str, Check] = {**{f.name: _INFO_TYPES[f.type] for f in dataclasses.fields(RunInfo)}, **_STORE_KEYS}
 """Every key run.json may hold, with the check its value must pass."""
-_REQUIRED = frozenset(CONTEXT_KEYS)
-"""Keys every run.json of schema version >= 2 holds. A key added to run.json comes with a new schema
-version (reports/records.py), and is required only of the versions that write it."""
+_KEYS_SINCE: dict[str, int] = {"scope": 5, "thin": 5, "judged": 6, "harness": 6}
+"""The schema version that added each key of run.json written after version 2 (reports/records.py)."""
+
+
+def _required(version: int) -> frozenset[str]:
+    """Keys every run.json of schema `version` holds: from version 2 on, every key of `CONTEXT_KEYS` that
+    version writes (a key added later comes with a new schema version and `_KEYS_SINCE`)."""
+    if version < _DIGESTS_SINCE:
+        return frozenset()
+    return frozenset(k for k in CONTEXT_KEYS if _KEYS_SINCE.get(k, _DIGESTS_SINCE) <= version)
 
 
 def _check_context(stored: dict[str, Any], path: Path, version: int) -> None:
@@ -335,7 +346,7 @@ def _check_context(stored: dict[str, Any], path: Path, version: int) -> None:
     unknown = sorted(set(stored) - set(CONTEXT_KEYS))
     if unknown:
         raise StoreError(f"{path}: unknown keys {unknown} (written by a newer harness, or edited)")
-    missing = sorted(_REQUIRED - set(stored)) if version >= _DIGESTS_SINCE else []
+    missing = sorted(_required(version) - set(stored))
     if missing:
         raise StoreError(f"{path}: missing keys {missing}; refusing an incomplete or edited {CONTEXT}")
     wrong = [f"{key}={_clip(repr(stored[key]))}" for key in sorted(stored) if not CONTEXT_KEYS[key](stored[key])]

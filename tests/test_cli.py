@@ -94,6 +94,55 @@ def test_a_target_that_raises_on_import_is_a_usage_error(tmp_path, capsys, monke
     assert "broken_target:target" in line and "RuntimeError: cannot find my GPU kernels" in line
 
 
+USER_MODULE = """
+import torch
+
+from harness.targets.ours import OursMuon
+
+
+class TinyMuon(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.02):
+        super().__init__(params, dict(lr=lr))
+
+
+def make(momentum):
+    return OursMuon()
+
+
+def not_a_target():
+    return TinyMuon([torch.zeros(2, requires_grad=True)])
+"""
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("tourch", "error: target 'tourch' is neither an alias nor MODULE:CALLABLE; did you mean 'torch'?"),
+    ("ours-trition", "error: target 'ours-trition' is neither an alias nor MODULE:CALLABLE; did you mean 'ours-triton'?"),
+    ("qqqq", "error: target 'qqqq' is neither an alias nor MODULE:CALLABLE (the 25 aliases: harness.targets.ALIASES)"),
+    ("user_module:TinyMuon", "error: target 'user_module:TinyMuon': the callable must return a harness Target, and "
+                             "TinyMuon is a torch.optim.Optimizer class that needs params; name a function that "
+                             "returns an adapter (OptimizerTarget)"),
+    ("user_module:make", "and make is a callable that needs momentum;"),
+    ("user_module:not_a_target", "error: target 'user_module:not_a_target': the callable must return a harness "
+                                 "Target; not_a_target() returned TinyMuon"),
+])
+def test_a_target_that_is_no_target_factory_is_a_short_usage_error(tmp_path, capsys, monkeypatch, no_case_runs,
+                                                                    spec, expected):
+    """A typo'd alias names the nearest alias, not all of them; a class or a function that needs arguments,
+    or one that returns no Target, says that the callable must return a harness Target."""
+    (tmp_path / "user_module.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = usage_error(capsys, ["run", "--target", spec, "--out", str(tmp_path / "out")])
+    assert expected in line and len(line) < 250, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spec, name", [("torch", "torch"), ("harness.targets.ours:OursMuon", "ours"),
+                                        ("harness.targets.ours:target", "ours")])
+def test_an_alias_a_target_class_and_a_factory_load(spec, name):
+    """The positive side of the test above: what it refuses is only what is no Target factory."""
+    assert cli.load_target(spec).name == name
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "--backend", "cpu,cpu"], "names cpu more than once"),
     (["run", "--growth", "nan"], "argument --growth: expected a finite number >= 1, got 'nan'"),

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from cases import Case
+from harness.pytest_plugin import USAGE_EXIT
 from reports import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,10 +228,21 @@ def test_bad_target_is_a_one_line_usage_error(peer, tmp_path):
     out = tmp_path / "never"
     result = pytest_in(peer, "--muon-target=peer_muon.targets:nope", f"--muon-out={out}")
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert result.returncode == USAGE_EXIT == 4, result.stdout + result.stderr  # as the help and docstring say
     assert errors == ["ERROR: --muon-target: target 'peer_muon.targets:nope': peer_muon.targets has no callable 'nope'"], \
         result.stderr
     assert not out.exists(), "a usage error must write nothing"
+
+
+def test_help_and_docstring_say_a_bad_option_exits_4(peer):
+    """The status the test above observes is the one a user reads in `pytest --help` and the docstring."""
+    import harness.pytest_plugin as plugin
+
+    result = pytest_in(peer, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "A bad --muon-* option exits with status 4 (pytest's usage error) before any test runs" in \
+        " ".join(result.stdout.split())
+    assert "4 (pytest's\nusage error, `USAGE_EXIT`) a bad --muon-* option" in plugin.__doc__
 
 
 OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "muon_backend": "cpu",
@@ -239,7 +251,8 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
 
 @pytest.mark.parametrize("options, message", [
     ({"muon_target": "no_such_module:target"}, "--muon-target: target 'no_such_module:target': cannot import"),
-    ({"muon_target": "harness.targets:TargetError"}, "returned TargetError, not a harness Target"),
+    ({"muon_target": "harness.targets:TargetError"},
+     "the callable must return a harness Target; TargetError() returned TargetError"),
     ({"muon_target": "raises_on_import:target"}, "'raises_on_import:target': loading it raised RuntimeError: boom"),
     ({"muon_select": ["no-such-case"]}, "--muon-select ['no-such-case']: no case of tier 'ci' matches"),
     ({"muon_backend": "cpu,tpu"}, "--muon-backend 'cpu,tpu': name distinct backends of"),

@@ -289,7 +289,9 @@ def test_self_contained_without_network(doc: str, report: ReportParser) -> None:
 
 def test_header_shows_run_context(doc: str) -> None:
     header = doc[doc.index("<h1>"): doc.index("</dl>")]
-    for value in ("muon.reference", "ci", "cpu,cuda", "2025-01-02T03:04:05Z", "12.5 s", "2.13.0+cpu", "abc1234",
+    for value in ("muon.reference", "ci", "cpu,cuda", "2025-01-02T03:04:05Z", "12.5 s", "2.13.0+cpu",
+                  "commit abc1234",  # the harness's, as a RunInfo without identities (stored before schema 5) has it
+                  "unknown",  # the judged code, which such a RunInfo does not name
                   "<code>python -m harness run --tier ci --target &#x27;muon.reference&#x27;</code>"):
         assert f"<dd>{value}</dd>" in header, value
 

@@ -120,7 +120,8 @@ def test_context_line_and_escaping() -> None:
     odd = rec("muon/a|b/`tick`", "fail", 2.0, check="<script>x</script>")
     text = render_markdown([odd], RunInfo(**{**INFO.__dict__, "target": "t|<i>"}), max_rows=1)
     assert text.splitlines()[0] == "# FAILED: Muon conformance of t\\|&lt;i&gt;, ci tier"
-    assert "Backends: cpu · torch 2.13.0+cpu · commit abc1234 · started 2025-01-02T03:04:05Z · 7.3 s" in text
+    assert ("Backends: cpu · torch 2.13.0+cpu · judged code unknown · harness commit abc1234 · "
+            "started 2025-01-02T03:04:05Z · 7.3 s") in text
     row = table_rows(text, "| status | case id")[0]
     assert row[1:3] == ["`` muon/a\\|b/`tick` ``", "&lt;script&gt;x&lt;/script&gt;"]
     assert "<script>" not in text

@@ -64,11 +64,13 @@ from harness.running.backends import get as get_backend
 from harness.running.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
 from cases import tier as tier_cases
 from harness.running.selection import TargetTier, narrow, nearest, target_tier
-from harness.targets import DEFAULT, load_target
+from harness.targets import DEFAULT, TargetError, load_target, target_module
 from harness.targets.base import Target
-from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
-                     status_counts)
+from harness.targets.identity import module_identity
+from reports import (CodeIdentity, RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown,
+                     render_trend_html, status_counts)
 from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
+from reports.diff_html import same_code_note
 from reports.run_folder import RunFolder, StoreError, check, claim, estimated_bytes, write_file
 from reports.store import project_commit
 from reports.trend import repeated
@@ -300,6 +302,8 @@ def _write_diff(base: Run, head: Run, base_dir: Path, out: Path, growth: float, 
               if across else "")
     print(f"diff against {base_dir}:{paired} {verdict} ({', '.join(f'{len(v)} {k}' for k, v in diff.categories().items() if v)}); "
           f"{out}/diff.html", file=sys.stderr)
+    if same := same_code_note(base_ctx, head_ctx):
+        print(same, file=sys.stderr)
     return diff.regressed
 
 
@@ -319,6 +323,8 @@ def _target(spec: str) -> Target:
     """The target, or a usage error: a bad spec, or a module or factory that raises."""
     try:
         return load_target(spec)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
     except Exception as exc:  # a target module that fails to import is bad input, whatever it raises
         text = str(exc).splitlines()[0] if str(exc) else ""
         raise UsageError(f"target {spec!r} could not be loaded: {type(exc).__name__}: {text}") from None
@@ -390,6 +396,7 @@ def _coverage(cases: list[Case]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     backends = _backends(args.backend)
     target = _target(args.target)
+    code = module_identity(target_module(args.target))  # before any case runs: the code as imported
     own = _own_tier(args.tier, target)
     cases = _cases(args.tier, args.select, own)
     base = None
@@ -405,7 +412,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 0
         try:
             with _stop_on_signals():
-                return _run(args, target, backends, cases, base, ranks, own, folder)
+                return _run(args, target, code, backends, cases, base, ranks, own, folder)
         finally:
             pools().close()
     finally:
@@ -413,10 +420,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             folder.release()
 
 
-def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: list[Case], base: Run | None,
-         ranks: TorchrunRanks | None, own: TargetTier, folder: RunFolder | None) -> int:
-    """Run, then (on the driver) write the stored run and the reports; see `cmd_run`. Outside torchrun
-    a journal (harness/apps/journal.py) stores the finished cases should this process die first."""
+def _run(args: argparse.Namespace, target: Target, code: CodeIdentity, backends: list[str], cases: list[Case],
+         base: Run | None, ranks: TorchrunRanks | None, own: TargetTier, folder: RunFolder | None) -> int:
+    """Run, then (on the driver) write the stored run and the reports, naming `code` as the code judged;
+    see `cmd_run`. Outside torchrun a journal (harness/apps/journal.py) stores the finished cases should
+    this process die first."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
     faulthandler.enable()  # a fatal signal in a target judged here prints the Python stacks before the process ends
@@ -430,7 +438,8 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
     info = RunInfo(target=f"{target.name}: {target.version()}{spec}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
                    started=started.isoformat(timespec="seconds"), seconds=0.0, torch_version=torch.__version__,
-                   commit=project_commit() if driver else "", selection=tuple(args.select))
+                   commit=project_commit() if driver else "", selection=tuple(args.select), judged=code,
+                   harness=module_identity("harness"))
     records, stopped, pictures = [], None, Pictures()
     parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
     if args.isolate:
