@@ -63,6 +63,9 @@ class Muon(torch.optim.Optimizer):
         Default False.
       options: options of other registered algorithms; a group's missing options default from its record.
 
+    A NaN or inf gradient element is written into the parameter, as torch.optim does, and stays in the
+    state; never skipped, and never silently dropped (the policy: optimizers/algorithms/base.py).
+
     Raises ValueError/TypeError before touching anything on bad options or parameters. `step()` is
     all or nothing: every check runs before its first write (optimizers/plan.py), and the validated
     plan is reused until a parameter, gradient kind, group option or state entry changes.

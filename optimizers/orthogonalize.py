@@ -11,6 +11,8 @@ U V^T over the singular values above max(m, n) * eps * s_max.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from typing import Sequence
@@ -35,11 +37,13 @@ def polynomial(x: torch.Tensor, name: str, steps: int, eps: float) -> torch.Tens
 
 
 def polar_via_svd(x: torch.Tensor) -> torch.Tensor:
-    """U V^T of every matrix of x [B, m, n] over its numerically nonzero singular values."""
-    u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    """U V^T of every matrix of x [B, m, n] over its numerically nonzero singular values; NaN for a
+    matrix with a value that is not finite (which LAPACK refuses: optimizers/algorithms/base.py)."""
+    finite = x.isfinite().flatten(-2).all(-1)[:, None, None]
+    u, s, vh = torch.linalg.svd(torch.where(finite, x, 0.0), full_matrices=False)
     cutoff = max(x.shape[-2:]) * torch.finfo(x.dtype).eps * s[..., :1]
     keep = (s > cutoff).to(x.dtype)
-    return (u * keep.unsqueeze(-2)) @ vh
+    return torch.where(finite, (u * keep.unsqueeze(-2)) @ vh, math.nan)
 
 
 def orthogonalize(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype: torch.dtype,
