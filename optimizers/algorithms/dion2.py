@@ -58,10 +58,19 @@ def reduced_dims(ndim: int, flatten: bool, rows: bool) -> tuple[int, ...]:
     return (ndim - 1,) if rows else (ndim - 2,)
 
 
+FP64_NORM_SCALE = 2.0**-64
+"""The power of two fp64 slices are scaled by before their L1 norms are summed: no sum of fewer than 2^63
+entries then overflows, and their order (all the selection reads) is kept (but among slices of entries
+below 2^-958, which it flushes to zero)."""
+
+
 def slice_norms(m: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """L1 norm of every slice of `m` (summed over `dims`, kept as size 1: parameter rank), in at
-    least fp32."""
-    return m.abs().to(torch.promote_types(m.dtype, torch.float32)).sum(dim=dims, keepdim=True)
+    """L1 norm of every slice of `m` (summed over `dims`, kept as size 1: parameter rank), in fp64 (the
+    oracle's precision), where no sum of fp32 or bf16 values overflows (fp32 sums did from 3.4e38 / length);
+    of an fp64 `m`, times FP64_NORM_SCALE."""
+    if m.dtype == torch.float64:
+        m = m * FP64_NORM_SCALE
+    return torch.linalg.vector_norm(m, 1, dim=dims, keepdim=True, dtype=torch.float64)
 
 
 def descending(norms: torch.Tensor) -> torch.Tensor:
