@@ -70,8 +70,8 @@ def downscale(x: torch.Tensor, dims: tuple[int, ...], limit: float) -> torch.Ten
 
 
 def denominator(norm: torch.Tensor, factor: float, eps: float, scale: torch.Tensor) -> torch.Tensor:
-    """The normaliser's denominator of X scale, (factor ||X|| + eps) scale, from norm = ||X scale||
-    (`downscale`), in norm's dtype: `norm * factor + eps` where scale = 1 (the bits of the unscaled
-    normaliser, eps a Python scalar), else norm * factor + eps scale."""
-    scaled = norm * factor
-    return torch.where(scale == 1, scaled + eps, scaled + (eps * scale).to(norm.dtype))
+    """The normaliser's denominator of X scale, (factor ||X|| + eps) scale = norm * factor + eps scale, from
+    norm = ||X scale|| (`downscale`), in norm's dtype. Where scale = 1 it rounds as the unscaled
+    `norm * factor + eps` (eps joins in the op's arithmetic, as a Python scalar does); a scale below the
+    dtype's range (fp16) drops eps scale, far below the rounding of factor ||X scale|| >= factor / 2."""
+    return torch.add(norm * factor, scale.to(norm.dtype), alpha=eps)
