@@ -101,7 +101,8 @@ ALGORITHMS = {
     "nordion2": (optimizers.NorDion2, dict(fraction=0.5)),
 }
 PAIRS = {"fp32": (torch.float32, torch.float32), "fp32@bf16": (torch.float32, torch.bfloat16),
-         "bf16@fp32": (torch.bfloat16, torch.float32), "fp64": (torch.float64, torch.float64),
+         "bf16@fp32": (torch.bfloat16, torch.float32), "bf16": (torch.bfloat16, torch.bfloat16),
+         "fp64": (torch.float64, torch.float64),
          "fp64@fp32": (torch.float64, torch.float32)}
 
 
