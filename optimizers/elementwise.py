@@ -60,10 +60,11 @@ def momentum_(bufs: list[torch.Tensor], grads: list[torch.Tensor], mu: float, ke
 
 
 def norms(parts: torch.Tensor) -> torch.Tensor:
-    """The Frobenius norms [N] fp32 of tensors whose sums of squares `momentum_` returned in parts [N, P]:
-    the fp64 sum's square root, rounded once to fp32 (within 1.1e-7 of torch's fp32 norm of the same tensors
-    at 4096 x 4096, measured on an H200)."""
-    return parts.sum(1).sqrt().to(torch.float32)
+    """The Frobenius norms [N] fp64 of tensors whose sums of squares `momentum_` returned in parts [N, P]:
+    the fp64 sum's square root (rounded to fp32, within 1.1e-7 of torch's fp32 norm of the same tensors at
+    4096 x 4096, measured on an H200). Left in fp64, where no fp32 tensor's norm overflows (its squares are
+    at most 2^256): the normaliser scales it into fp32's range (gram_newton_schulz.normalised)."""
+    return parts.sum(1).sqrt()
 
 
 def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | None, alpha: float,

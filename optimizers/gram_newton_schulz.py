@@ -35,7 +35,7 @@ import torch
 
 from optimizers import counters, elementwise
 from optimizers.kernels import TORCH, Kernels
-from optimizers.norms import frobenius
+from optimizers.norms import denominator, downscale, entry_limit, frobenius, norm_limit, scale_of
 from optimizers.symmetric import (adds_identity, polynomial_product, polynomial_with_identity, symmetric_baddbmm,
                                   symmetric_bmm)
 
@@ -147,18 +147,25 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
                norms: torch.Tensor | None = None, kernels: Kernels = TORCH) -> torch.Tensor:
     """X / (scale ||X||_F + eps) per matrix, formed in at least fp32 and then rounded to
     `compute_dtype`: an fp16 cast before normalising would overflow gradients above 65504. `norms`: the
-    norms [B], already known (else formed here); `kernels`: optimizers/kernels.py."""
+    norms [B], already known, in at least x's precision (else formed here); `kernels`: optimizers/kernels.py.
+    A matrix whose entries (or known norm) could overflow the norm is scaled down by a power of two first
+    (optimizers/norms.py)."""
     wide = torch.promote_types(x.dtype, torch.float32)
-    x = x.to(wide)
-    norm = frobenius(x, (-2, -1), keepdim=True) if norms is None else norms.view(-1, 1, 1)
-    denominator = norm * scale + eps
+    if norms is None:
+        power = downscale(x, (-2, -1), entry_limit(x.size(-2) * x.size(-1), wide, scale))
+    else:
+        known = norms.view(-1, 1, 1)
+        power = scale_of(known, norm_limit(wide, scale))
+    x = torch.mul(x, power, out=torch.empty_like(x, dtype=wide))
+    norm = frobenius(x, (-2, -1), keepdim=True) if norms is None else (known * power).to(wide)
+    divisor = denominator(norm, scale, eps, power)
     if compute_dtype == wide:
-        return x / denominator
+        return x / divisor
     # one pass: the quotient is formed in `wide` and rounded to `compute_dtype` as it is written (the bits
     # of dividing, then casting), in x's memory layout, as the two passes wrote it; on fp32 stacks where `kernels`
     # allow, by the fused kernel (the same bits)
-    fused = elementwise.divide(x, denominator, compute_dtype, kernels)
-    return torch.div(x, denominator, out=torch.empty_like(x, dtype=compute_dtype)) if fused is None else fused
+    fused = elementwise.divide(x, divisor, compute_dtype, kernels)
+    return torch.div(x, divisor, out=torch.empty_like(x, dtype=compute_dtype)) if fused is None else fused
 
 
 def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], kernels: Kernels = TORCH) -> torch.Tensor:

@@ -82,6 +82,9 @@ class Muon(torch.optim.Optimizer):
     `stats` (optimizers/counters.py) counts what the steps computed: Gram Newton–Schulz's matrices and
     divergence fallbacks, the Triton kernel's products.
 
+    A NaN or inf gradient element is written into the parameter, as torch.optim does, and stays in the
+    state; never skipped, and never silently dropped (the policy: optimizers/algorithms/base.py).
+
     Raises ValueError/TypeError before touching anything on bad options or parameters. `step()` is
     all or nothing: every check runs before its first write (optimizers/plan.py), and the validated
     plan is reused until a parameter, gradient kind, group option or state entry changes; a changed

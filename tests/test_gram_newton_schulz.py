@@ -199,8 +199,8 @@ def test_bf16_gram_is_as_accurate_as_fp16_on_low_rank_momenta(m, n):
 def test_known_norms_are_divided_by_and_refused_where_they_do_not_belong(shape, monkeypatch):
     """`orthogonalize(..., norms=)`: Gram Newton–Schulz divides by the norms given (wide, tall and square,
     also in a divergence's fallback: DIVERGED at 0 sends every Gram result there): given the ones it would
-    form, its bits; given others, another result. Norms for another orthogonalizer, or of the wrong shape
-    or dtype, are refused before any work."""
+    form, its bits (also in fp64, as the fused momentum launch gives them); given others, another result.
+    Norms for another orthogonalizer, or of the wrong shape or dtype, are refused before any work."""
     from optimizers import gram_newton_schulz as gram
     from optimizers.orthogonalize import orthogonalize
     from optimizers.norms import frobenius
@@ -212,7 +212,8 @@ def test_known_norms_are_divided_by_and_refused_where_they_do_not_belong(shape, 
         given = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own.clone())
         doubled = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own * 2)
         assert torch.equal(plain, given) and not torch.allclose(plain, doubled, atol=1e-3)
+    assert torch.equal(plain, orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own.double()))
     for name, norms in (("polar_express", own), ("gram_newton_schulz", own[:2]),
-                        ("gram_newton_schulz", own.double())):
+                        ("gram_newton_schulz", own.half())):
         with pytest.raises(ValueError, match="norms"):
             orthogonalize(x, name, 5, 1e-7, torch.float16, norms=norms)

@@ -28,7 +28,10 @@ def _discovered() -> dict[str, Algorithm]:
 
 
 class _Registry(Mapping[str, Algorithm]):
-    """The registered records by name, read-only, discovered at first use."""
+    """The registered records by name, read-only, discovered at first use (no state of its own: the
+    discovery's memoization holds them)."""
+
+    __slots__ = ()
 
     def __getitem__(self, name: str) -> Algorithm:
         return _discovered()[name]

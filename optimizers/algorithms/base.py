@@ -56,6 +56,20 @@ belong to `direction` and `postprocess`, which run on every rank on its local da
 must not raise on options and inputs their record's `validate` accepted: every check runs
 before the first write of a step.
 
+Non-finite gradients, one policy for every algorithm (torch.optim's): a NaN or +-inf gradient element
+is neither detected nor skipped nor repaired. It flows through the stages like any value, so the step
+writes non-finite values into the parameter: AdamW the element itself; a matrix algorithm the update
+of the whole matrix of the view that holds it (the normaliser divides by a NaN or inf norm); Dion2 and
+NorDion2 the selected slices of that matrix, the slice holding it among them (a slice whose L1 norm is
+not finite is selected first). It stays in the state, so every later step leaves the parameter
+non-finite, and other parameters step exactly as they would without it (each matrix of a stack is
+orthogonalized on its own). So no stage may turn a non-finite value finite (a mask or selection by
+`> 0`, a `where` on a comparison that NaN fails, a clamp) nor raise on one. Not a skip: knowing
+before the first write whether a step is finite takes a device-to-host synchronisation every step
+(and, distributed, an agreement among the ranks), which this optimizer otherwise avoids; skipping a
+step with an inf or NaN gradient is what torch.amp.GradScaler does, for any optimizer. A checkpoint
+whose state is not finite is refused on load (optimizers/checkpoint.py).
+
 State: `state` lists every key a parameter of the algorithm holds, with its shape as a function
 of the parameter's global shape and the group (None: a step count, a Python int). Missing keys
 are created as zeros before `direction` runs, placed like the parameter (a DTensor with the
