@@ -65,7 +65,7 @@ def test_fp64_gram_case_agrees_with_the_oracle_near_1e12():
 
 def test_a_gram_iteration_with_a_stale_restart_is_flagged(monkeypatch):
     """Negative control: a restart that re-forms X but keeps the old R (a plausible slip) is caught in fp64."""
-    def stale_restart(x, coefficients, restarts):
+    def stale_restart(x, coefficients, restarts, kernels=None):
         eye = torch.eye(x.size(-2), dtype=x.dtype, device=x.device)
         r, q = x @ x.mT, None
         for i, (a, b, c) in enumerate(coefficients):

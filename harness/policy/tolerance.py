@@ -104,7 +104,30 @@ def coefficient(worst: float) -> float:
 
 
 class NoEntry(LookupError):
-    """The policy has no measurement for a key: a gap of the harness, never of the target."""
+    """The policy has no measurement for a key: a gap of the harness, never of the target. `ill_posed`:
+    why no entry could judge the case anyway (unmeasurable_why), or empty."""
+
+    def __init__(self, message: str, ill_posed: str = "") -> None:
+        super().__init__(message)
+        self.ill_posed = ill_posed
+
+
+def unmeasurable_why(case: Case, conv: Conventions, sensitivities: Sequence[Sequence[Sensitivity]]) -> str:
+    """Why no coefficient could judge the case's reference steps, whatever was measured, or "": an SVD
+    rank cut-off among a direction's singular values, or an rtol above ILL_POSED_RTOL at the least
+    coefficient any key has (the safety rule's floor). The calibration leaves such runs out, so a key
+    that only they reach has no entry."""
+    for row in sensitivities:
+        for s in row:
+            if s.ambiguous_rank:
+                return f"ill-posed: {s.ambiguous_rank}"
+    u = unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=unit_roundoff))
+    worst = max((max(1.0, s.amplification) for row in sensitivities for s in row), default=1.0)
+    floor = allowance.SAFETY["coefficient"].floor
+    if floor * u * worst > ILL_POSED_RTOL:
+        return (f"ill-posed: rtol {floor * u * worst:.3g} at the least coefficient any key has ({floor:g} x u "
+                f"{u:.3g} x amplification {worst:.3g}) exceeds {ILL_POSED_RTOL:g}")
+    return ""
 
 
 @dataclass(frozen=True)
@@ -175,7 +198,8 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
         measure = f"python -m harness.policy.calibrate.coefficients --device {device}"
         how = (f"name its schedule in harness.policy.keys.SCHEDULES, then measure it: {measure} --schedules NAME"
                if named.startswith("x") else f"measure it: {measure}" + (f" --schedules {named}" if named else ""))
-        raise NoEntry(f"the tolerance policy has no entry for {key} on {device} ({how})")
+        raise NoEntry(f"the tolerance policy has no entry for {key} on {device} ({how})",
+                      unmeasurable_why(case, conv, sens))
     measured, included = looked_up
     u_format = max((case.param_dtype, conv.compute_dtype), key=unit_roundoff)
     floor_format = max((conv.compute_dtype, conv.lr_dtype, opmath(conv.state_dtype)), key=unit_roundoff)

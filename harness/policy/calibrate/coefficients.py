@@ -65,9 +65,7 @@ from harness.algorithms import algorithm
 from harness.judging.checks import SCALE_FACTOR, reference_steps, unscalable
 from harness.judging.metrics import compare_step
 from harness.policy import keys, sensitivity, tables, tolerance
-from harness.policy.allowance import SAFETY
 from harness.policy.bounds import STORAGE_ULPS
-from harness.policy.ill_posed import ILL_POSED_RTOL
 from harness.policy.calibrate import command, folded, provenance
 from harness.policy.calibrate.panel import MEMBERS, OURS, build, label, runs_case, single
 from harness.policy.calibrate.variants import MEASURABLE, VARIANTS, DeclaredCompute
@@ -83,8 +81,6 @@ normalises before rounding (Gram Newton-Schulz: in fp32) does not: that measures
 rounding (measured: c 6.1 for Muon's Polar Express, up to inf for Gram Newton-Schulz)."""
 
 
-FLOOR = SAFETY["coefficient"].floor
-"""The least coefficient any key has."""
 
 Run = tuple[Case, str, Target]
 """A measured run: the case, the panel member (harness/policy/calibrate/panel.py) and its target."""
@@ -146,9 +142,9 @@ def measure(case: Case, target: Target, device: torch.device) -> list[tuple[keys
     """(policy key, worst coefficient c over the steps, which run) of the case's run and of its scaled
     run (gradients x SCALE_FACTOR, what the `scale` check judges against its own reference); a run is
     left out where an SVD rank cut-off sits among its direction's singular values, its selection is
-    ill-posed, or some step's rtol at the least coefficient any key has (the safety rule's floor) is above
-    ILL_POSED_RTOL: no rtol judges such a run, so it calibrates nothing (a plain bf16 NorMuon's scaled
-    rank-deficient conv3d run needed c 5e4 where the case's reference is skipped as ill-posed)."""
+    ill-posed, or some step's rtol at the least coefficient any key has is above ILL_POSED_RTOL
+    (tolerance.unmeasurable_why): no rtol judges such a run, so it calibrates nothing (a plain bf16 NorMuon's
+    scaled rank-deficient conv3d run needed c 5e4 where the case's reference is skipped as ill-posed)."""
     base = backends.on_device(make_inputs(case), device)
     out = []
     scaled = [] if unscalable(target.conventions(case).compute_dtype) else [
@@ -157,11 +153,9 @@ def measure(case: Case, target: Target, device: torch.device) -> list[tuple[keys
         traj = target.run(inputs.params, inputs.grads, case)
         conv = target.conventions(case)
         sens = sensitivity.of_case(case, conv, [[f64(g) for g in step] for step in inputs.grads])
-        if any(s.ambiguous_rank for row in sens for s in row):
+        if tolerance.unmeasurable_why(case, conv, sens):
             continue
         u = tolerance.unit_roundoff(max((case.param_dtype, conv.compute_dtype), key=tolerance.unit_roundoff))
-        if FLOOR * u * max(max(1.0, s.amplification) for row in sens for s in row) > ILL_POSED_RTOL:
-            continue
         margins: list[float] = []
         steps = list(reference_steps(case, target, inputs.params, inputs.grads, traj, margins))
         if algorithm(case).ill_posed(case, min(margins)):

@@ -81,8 +81,8 @@ def measurement_cases(seeds: int = 1) -> list[Case]:
     grid = [*itertools.product(algorithms.names(), axes.DTYPE_PAIRS, axes.ORTHOGONALIZERS),
             *itertools.product(algorithms.names(), axes.DTYPE_PAIRS, (axes.GRAM,))]
     for optimizer, (pd, cd), orth in grid:
-        if "bf16" not in (pd, cd) or not axes.compute_ok(orth, cd):
-            continue
+        if "bf16" not in (pd, cd) or not axes.compute_ok(orth, cd) or algorithms.entry(optimizer).elementwise:
+            continue  # nothing orthogonalized by an elementwise algorithm: no statistic of its update
         for layer, (_, shape) in axes.LAYERS.items():
             selecting = optimizer in algorithms.selecting()
             for flatten, nesterov, seed, grad in itertools.product((False, True), (False, True), range(seeds),
