@@ -3,7 +3,7 @@ harness as the oracle (see benchmarks/mutation/__init__.py and docs/mutation.md)
 
   python -m benchmarks.mutation --session DIR [--modules PATH ...] [--changed-since REV]
          [--budget-minutes N] [--jobs N] [--max-cases N] [--max-gloo N] [--max-tests N]
-         [--map-tests FILE ...] [--report-only]
+         [--map-tests FILE ...] [--map-select SUBSTRING ...] [--report-only]
 
 Judges every mutant of the modules (default: MODULES, in that order) that the session has no verdict
 for, until the budget is spent, then prints the table per module and the survivors not on the
@@ -14,6 +14,7 @@ the same --session to go on where it stopped. Exit status 0, 2 for bad usage (be
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-tests", type=int, default=40, help="unit tests per mutant (default 40)")
     p.add_argument("--map-tests", nargs="*", metavar="FILE",
                    help="test files the coverage map runs (default: tests/test_*.py but NOT_MAPPED)")
+    p.add_argument("--map-select", nargs="*", default=[], metavar="SUBSTRING",
+                   help="map (and so judge with) only the CI cases whose id contains one of these (default: all)")
     p.add_argument("--report-only", action="store_true", help="print the session's table; judge nothing")
     args = p.parse_args(argv)
     if args.modules and args.changed_since:
@@ -89,6 +92,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _stop(signum, frame) -> None:  # noqa: ARG001 (a signal handler's signature)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
@@ -101,12 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     equivalents = equivalent.load()
     session = Session(args.session, ROOT)
     if not args.modules:
+        (args.session / "table.md").write_text("no module to mutate\n")
         print("no module to mutate")
         return 0
     if not args.report_only:
         workers.preload()
         limits = Limits(args.max_cases, args.max_gloo, args.max_tests)
-        finished = session.run(args.modules, args.map_tests, args.budget_minutes * 60, args.jobs, limits, sys.stderr)
+        signal.signal(signal.SIGTERM, _stop)
+        finished = session.run(args.modules, args.map_tests, args.map_select, args.budget_minutes * 60, args.jobs,
+                               limits, sys.stderr)
         if not finished:
             print("budget spent: run the same command again to go on", file=sys.stderr)
     verdicts = list(session.verdicts().values())

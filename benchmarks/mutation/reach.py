@@ -16,19 +16,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCES = ("optimizers", "oracles", "cases", "harness", "reports", "tests")
-"""The packages whose contents decide what the map measures (its key)."""
+SOURCES = ("optimizers", "oracles", "cases", "harness", "reports")
+"""The packages whose contents decide what the map measures (its key, with the test files it runs)."""
 
 
-def project_key(root: Path, test_files: list[str]) -> str:
-    """A hash of every source the map depends on, and of the test files it measured."""
-    h = hashlib.sha256()
-    for package in SOURCES:
-        for path in sorted((root / package).rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
-                h.update(str(path.relative_to(root)).encode())
-                h.update(path.read_bytes())
-    h.update("\n".join(sorted(test_files)).encode())
+def project_key(root: Path, test_files: list[str], select: list[str]) -> str:
+    """A hash of every source the map depends on (the packages, conftest.py and the test files it runs)
+    and of the case selection."""
+    h = hashlib.sha256("\n".join(select).encode())
+    paths = [p for package in SOURCES for p in sorted((root / package).rglob("*"))
+             if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts]
+    for path in paths + [root / "conftest.py"] + [root / f for f in sorted(test_files)]:
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -73,9 +73,10 @@ class Reach:
                    raw["gloo_cases"], raw["broken"])
 
 
-def measure(root: Path, modules: list[str], test_files: list[str], key: str) -> Reach:
-    """Run the CI tier's single-process cases and `test_files` under coverage (in this process, whose
-    imports must come from `root`) and return the map of `modules` (paths relative to `root`)."""
+def measure(root: Path, modules: list[str], test_files: list[str], select: list[str], key: str) -> Reach:
+    """Run the CI tier's single-process cases (those whose id contains a string of `select`, all when it
+    is empty) and `test_files` under coverage (in this process, whose imports must come from `root`) and
+    return the map of `modules` (paths relative to `root`)."""
     import coverage
     import pytest
     import torch
@@ -94,6 +95,8 @@ def measure(root: Path, modules: list[str], test_files: list[str], key: str) -> 
         torch.set_num_threads(1)
         ours = load_target("ours")
         for case in ci_cases():
+            if select and not any(s in case.id for s in select):
+                continue
             if case.layout != "single":
                 gloo_cases.append(case.id)
                 continue

@@ -91,10 +91,10 @@ class Session:
             f.write(json.dumps(dataclasses.asdict(verdict)) + "\n")
 
     # the coverage map ----------------------------------------------------------------------------
-    def reach(self, modules: list[str], test_files: list[str], log: TextIO) -> reach.Reach:
+    def reach(self, modules: list[str], test_files: list[str], select: list[str], log: TextIO) -> reach.Reach:
         """The coverage map of `modules`, measured (in a forked child, on a scratch copy) unless the
         stored one is of these sources and already maps them."""
-        key = reach.project_key(self.root, test_files)
+        key = reach.project_key(self.root, test_files, select)
         path = self.path / "reach.json"
         if path.exists():
             stored = reach.Reach.load(path)
@@ -107,11 +107,15 @@ class Session:
         start = time.perf_counter()
 
         def body() -> int:
-            reach.measure(scratch.path, every, test_files, key).save(path)
+            reach.measure(scratch.path, every, test_files, select, key).save(path)
             return 0
 
         child = workers.fork(scratch.path, self.path / "logs" / "reach.log", 24 * 3600.0, body, None)
-        _, how = workers.reap([child])
+        try:
+            _, how = workers.reap([child])
+        except BaseException:
+            workers.kill(child)
+            raise
         if how != "exit 0" or not path.exists() or reach.Reach.load(path).key != key:
             raise RuntimeError(f"measuring the coverage map failed ({how}); see {self.path / 'logs' / 'reach.log'}")
         got = reach.Reach.load(path)
@@ -121,12 +125,12 @@ class Session:
         return got
 
     # judging -------------------------------------------------------------------------------------
-    def run(self, modules: list[str], test_files: list[str], budget_s: float, jobs: int, limits: Limits,
-            log: TextIO) -> bool:
+    def run(self, modules: list[str], test_files: list[str], select: list[str], budget_s: float, jobs: int,
+            limits: Limits, log: TextIO) -> bool:
         """Judge the modules' mutants without a verdict until the budget is spent; True if none is left."""
         start = time.monotonic()
         todo = {m: self.mutants(m) for m in modules}
-        the_map = self.reach(modules, test_files, log)
+        the_map = self.reach(modules, test_files, select, log)
         done = self.verdicts()
         queue = [mu for module in modules for mu in todo[module] if mu.key not in done]
         print(f"{len(queue)} mutants to judge in {len(modules)} modules ({len(done)} judged before)",
@@ -135,6 +139,14 @@ class Session:
         free = list(range(jobs))
         running: list[workers.Child] = []
         originals = {m: (self.root / m).read_text() for m in modules}
+        judged = 0
+        try:
+            return self._judge(queue, running, scratches, free, originals, the_map, start, budget_s, limits, log)
+        finally:
+            for child in running:  # stopped (Ctrl-C, SIGTERM): no judge outlives the driver
+                workers.kill(child)
+
+    def _judge(self, queue, running, scratches, free, originals, the_map, start, budget_s, limits, log) -> bool:
         judged = 0
         while queue or running:
             while queue and free and time.monotonic() - start < budget_s:

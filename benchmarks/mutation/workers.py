@@ -123,6 +123,15 @@ def reap(children: list[Child], poll: float = 0.2) -> tuple[Child, str]:
         time.sleep(poll)
 
 
+def kill(child: Child) -> None:
+    """End `child` and its process group now."""
+    _kill_group(child.pid)
+    try:
+        os.waitpid(child.pid, 0)
+    except ChildProcessError:
+        pass
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
