@@ -204,6 +204,23 @@ def _gpu_fast_paths() -> Iterator[Case]:
     yield case("linear_gpu", 2, "fp32", "bf16", axes.GRAM, "spectral_norm", False, 0.0, 1, "gaussian")
 
 
+_EXTREME_DTYPES = (("fp32", "fp32", "polar_express"), ("fp32", "bf16", "newton_schulz"), ("bf16", "bf16", axes.GRAM),
+                   ("fp64", "fp64", "polar_express"), ("fp64", "fp32", "svd"))
+
+
+def _extreme_gradients() -> Iterator[Case]:
+    """Gradients near each parameter dtype's range (axes.EXTREME_GRADIENT) for every matrix algorithm: every
+    orthogonalizer's normaliser, each compute dtype, a megabatch of two over two steps (the momentum sums them)."""
+    for entry in algorithms.registry():
+        if entry.elementwise:
+            continue
+        for pd, cd, orth in _EXTREME_DTYPES:
+            yield Case(layer="linear", megabatch=2, flatten=False, param_dtype=pd, compute_dtype=cd,
+                       orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=not entry.selecting, weight_decay=0.1,
+                       steps=2, grad=axes.EXTREME_GRADIENT, optimizer=entry.name,
+                       fraction=0.5 if entry.selecting else None)
+
+
 def algorithm_generators(tier: str) -> list[Callable[[], Iterable[Case]]]:
     """The generators every algorithm adds to `tier` (cases/algorithms/), in registry order."""
     return [g for e in algorithms.registry() for g in e.generators.get(tier, ())]
@@ -215,13 +232,15 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
            lambda: _gram_newton_schulz(axes.LAYERS, (("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16")), 2),
            lambda: _gram_peers(axes.LAYERS),
            *algorithm_generators("ci"),
-           _tensor_parallel_ci],
+           _tensor_parallel_ci,
+           _extreme_gradients],
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
                 lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
                 lambda: _gram_peers(axes.all_layers()),
                 *algorithm_generators("nightly"),
-                lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big"))],
+                lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big")),
+                _extreme_gradients],
     "gpu": [_gpu_fast_paths],
 }
 """What each tier is the union of; nightly also contains the whole CI tier; gpu holds only its own cases

@@ -7,7 +7,7 @@
   equiv2d    flatten=True: [out, *rest] steps as the 2-D [out, prod(rest)] parameter does
   fraction1  Dion2 / NorDion2 with fraction 1 step as Muon / NorMuon with momentum ef_decay
   scale      gradients x 2^10 vs the reference of the scaled run (the normaliser removes scale)
-  finite     degenerate gradients (zero, rank-deficient, tiny, huge) give finite parameters
+  finite     degenerate gradients (zero, rank-deficient, tiny, huge, extreme) give finite parameters
 """
 
 from __future__ import annotations

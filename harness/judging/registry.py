@@ -12,7 +12,7 @@ checks run and records are written.
   replicas     the replicated layout
   megabatch    one process, 2+ members                  equiv2d      one process, flatten of a 3-D+ layer
   fraction1    one process, an equivalent case exists   scale        one process, Gaussian gradients
-  finite       one process, degenerate gradients
+  finite       one process, degenerate gradients (extreme ones too)
   norm, probe  the bf16-robust checks (harness/judging/robust_checks.py `applies`); with them the
   spectrum, rows  algorithm's own (harness/algorithms: `robust_checks`), rescale (its gradient kinds)
   drift        and drift (long runs of an algorithm judged for drift)
