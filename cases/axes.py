@@ -70,6 +70,11 @@ EXTREME_HEADROOM = 20
 """Binades left between an extreme gradient and overflow: a momentum sums at most 1 / (1 - 0.9) = 10 of them
 (2^4), a Nesterov direction adds one more; judged by `reference` (the FP64 oracle, its normaliser's eps
 modelled exactly) and `finite`."""
+NONFINITE_GRADIENT = "nonfinite"
+"""Gaussian gradients with one NaN element in the first member's last gradient (cases/data.py): judged only by
+the `nonfinite` check, against the one documented policy of every algorithm (optimizers/algorithms/base.py, as
+torch.optim's): the NaN reaches that parameter in the step it arrives, the other members step as without it.
+Not an axis of the covering arrays: written cases (cases/tiers.py)."""
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge", EXTREME_GRADIENT)
 VECTOR_GRADIENTS = ("gaussian", "zero", "tiny", "huge")
 """The gradient kinds of a 1-D parameter (no matrix view: no rank to set)."""

@@ -60,7 +60,7 @@ class Case:
         allowed = {"layer": tuple(axes.known_layers()), "param_dtype": axes.DTYPES,
                    "compute_dtype": axes.DTYPES,
                    "orthogonalizer": axes.EVERY_ORTHOGONALIZER + (axes.NO_ORTHOGONALIZER,),
-                   "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS + (axes.EXTREME_GRADIENT,),
+                   "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS + (axes.EXTREME_GRADIENT, axes.NONFINITE_GRADIENT),
                    "optimizer": algorithms.names()}
         for name, values in allowed.items():
             if getattr(self, name) not in values:

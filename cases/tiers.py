@@ -221,6 +221,23 @@ def _extreme_gradients() -> Iterator[Case]:
                        fraction=0.5 if entry.selecting else None)
 
 
+_NONFINITE_DTYPES = (("fp32", "fp32", "polar_express"), ("bf16", "bf16", "newton_schulz"), ("fp64", "fp64", "svd"),
+                     ("fp32", "bf16", axes.GRAM))
+
+
+def _nonfinite_gradients() -> Iterator[Case]:
+    """A NaN gradient element (axes.NONFINITE_GRADIENT) for every matrix algorithm and orthogonalizer: member 0's
+    last gradient, in a megabatch of two over two steps (the other member must step as it does alone)."""
+    for entry in algorithms.registry():
+        if entry.elementwise:
+            continue
+        for pd, cd, orth in _NONFINITE_DTYPES:
+            yield Case(layer="linear", megabatch=2, flatten=False, param_dtype=pd, compute_dtype=cd,
+                       orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=not entry.selecting, weight_decay=0.1,
+                       steps=2, grad=axes.NONFINITE_GRADIENT, optimizer=entry.name,
+                       fraction=0.5 if entry.selecting else None)
+
+
 def algorithm_generators(tier: str) -> list[Callable[[], Iterable[Case]]]:
     """The generators every algorithm adds to `tier` (cases/algorithms/), in registry order."""
     return [g for e in algorithms.registry() for g in e.generators.get(tier, ())]
@@ -233,14 +250,16 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
            lambda: _gram_peers(axes.LAYERS),
            *algorithm_generators("ci"),
            _tensor_parallel_ci,
-           _extreme_gradients],
+           _extreme_gradients,
+           _nonfinite_gradients],
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
                 lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
                 lambda: _gram_peers(axes.all_layers()),
                 *algorithm_generators("nightly"),
                 lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big")),
-                _extreme_gradients],
+                _extreme_gradients,
+                _nonfinite_gradients],
     "gpu": [_gpu_fast_paths],
 }
 """What each tier is the union of; nightly also contains the whole CI tier; gpu holds only its own cases
