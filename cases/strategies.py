@@ -37,6 +37,8 @@ AXES: dict[str, Axis] = {a.field: a for a in (
     Axis("adjust_lr", axes.ADJUST_LR),
     Axis("nesterov", (False, True)),
     Axis("weight_decay", axes.WEIGHT_DECAYS),
+    Axis("lr", axes.LRS),
+    *(Axis(name, values) for name, values in axes.HYPER_VALUES.items()),
     Axis("steps", axes.STEPS, (1, 3), "span"),
     Axis("grad", axes.GRADIENTS),
     Axis("seed", (0,), (0, 2**16), "span"),

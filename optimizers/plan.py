@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from optimizers import counters, distributed, elementwise, kernels, launches, state as param_state, symmetric
 from optimizers import tensor_parallel
-from optimizers.algorithms import Algorithm
+from optimizers.algorithms import Algorithm, resolve
 from optimizers.algorithms.base import FOREACH_DTYPES
 from optimizers.algorithms.stages import Apply, Direction, Orthogonalize, declared
 from optimizers.graphs import PlanGraphs, capturable, stacked_block
@@ -120,9 +120,13 @@ def make_plan(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]
     """Check everything a step reads (module docstring); ValueError/TypeError naming the group,
     the parameter and the option or key. Reads only: `state` entries are not created. `tp_dim`:
     the mesh dim name of tensor parallelism (optimizers/tensor_parallel.py)."""
-    plans = []
-    for index, group in enumerate(param_groups):
+    plans, fills = [], []
+    for index, live in enumerate(param_groups):
         where = f"param group {index}"
+        record = resolve(where, live.get("algorithm"))
+        missing = {k: v for k, v in record.defaults.items() if k not in live}  # an algorithm switched in
+        group = {**live, **missing}
+        fills.append((live, missing))
         algorithm = check_group(index, group)
         view = None if algorithm.elementwise else algorithm.view(group)
         if view is not None:
@@ -140,11 +144,13 @@ def make_plan(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]
                 param_state.check(f"{where} parameter {i}", p, state[p], algorithm, group)
             stepped.append(p)
         if view is None:
-            plans.append(GroupPlan(group, algorithm, tuple(stepped), ()))
+            plans.append(GroupPlan(live, algorithm, tuple(stepped), ()))
             continue
         megabatches = _megabatches(stepped, process_group, view.tp_mode, tp_dim)
-        plans.append(GroupPlan(group, algorithm, tuple(p for b in megabatches for p in b.params), megabatches,
+        plans.append(GroupPlan(live, algorithm, tuple(p for b in megabatches for p in b.params), megabatches,
                                paths(algorithm, group)))
+    for live, missing in fills:  # every group is valid: the options a switched-in algorithm lacked take its defaults
+        live.update(missing)
     return plans
 
 

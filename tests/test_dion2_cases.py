@@ -96,5 +96,5 @@ def test_selection_ties_are_ill_posed_and_clear_margins_are_not():
 
 
 def test_unknown_algorithm_is_named():
-    with pytest.raises(KeyError, match="no oracle for optimizer 'adamw'"):
-        algorithm(SimpleNamespace(optimizer="adamw"))
+    with pytest.raises(KeyError, match="no oracle for optimizer 'sgd'"):
+        algorithm(SimpleNamespace(optimizer="sgd"))

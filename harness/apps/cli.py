@@ -36,6 +36,7 @@ import argparse
 import datetime
 import faulthandler
 import importlib
+import io
 import math
 import os
 import shlex
@@ -427,7 +428,10 @@ def _run(args: argparse.Namespace, target: Target, code: CodeIdentity, backends:
     this process die first."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
-    faulthandler.enable()  # a fatal signal in a target judged here prints the Python stacks before the process ends
+    try:  # a fatal signal in a target judged here prints the Python stacks before the process ends
+        faulthandler.enable()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # a stderr that is no file (captured in-process)
+        pass
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if progress:
