@@ -321,6 +321,48 @@ def test_the_readme_links_every_docs_page():
     assert unlinked("[x](docs/commands.md)", ["docs/commands.md", "docs/peers.md"]) == ["docs/peers.md"]
 
 
+def quoted_counts_missing(texts: dict[str, str], counts: dict[str, int]) -> list[str]:
+    """The case counts the pages quote that do not match the tiers: each phrase of `QUOTED_COUNTS`, filled
+    with `counts`, must appear in its page (whitespace as Markdown folds it)."""
+    missing = []
+    for page, phrases in QUOTED_COUNTS.items():
+        flat = " ".join(texts[page].split())
+        missing += [f"{page}: {p.format(**counts)!r}" for p in phrases if p.format(**counts) not in flat]
+    return missing
+
+
+QUOTED_COUNTS = {
+    "README.md": ("786 of the {ci} cases of our CI tier are beyond MyMuon ({ci_distributed} distributed",),
+    "docs/distributed.md": ("({ci_distributed} cases today, {ci_tp} of them tensor-parallel",
+                            "nightly ({nightly_distributed}) adds", "The CI tier holds {ci_tp} TP cases",
+                            "nightly {nightly_tp}."),
+}
+"""Phrases that quote how many cases a tier holds, by page (786, MyMuon's unsupported count, is the scope
+line's, checked by its run block)."""
+
+
+def case_counts() -> dict[str, int]:
+    from cases import tier
+
+    def distributed(name: str) -> list:
+        return [c for c in tier(name) if c.world_size > 1]
+
+    def tensor_parallel(cases: list) -> int:
+        return sum("tp" in c.id.split("/")[-2] for c in cases)
+
+    return {"ci": len(tier("ci")), "ci_distributed": len(distributed("ci")), "ci_tp": tensor_parallel(distributed("ci")),
+            "nightly_distributed": len(distributed("nightly")), "nightly_tp": tensor_parallel(distributed("nightly"))}
+
+
+def test_quoted_case_counts_are_the_tiers():
+    counts = case_counts()
+    assert quoted_counts_missing(TEXT, counts) == []
+    grown = {**counts, "ci_tp": counts["ci_tp"] + 1}  # the negative control: a tier that changed
+    assert quoted_counts_missing(TEXT, grown) == [
+        f"docs/distributed.md: '({counts['ci_distributed']} cases today, {grown['ci_tp']} of them tensor-parallel'",
+        f"docs/distributed.md: 'The CI tier holds {grown['ci_tp']} TP cases'"]
+
+
 def environment() -> dict[str, str]:
     """The reader's shell: this interpreter's `python` (and `torchrun`) first on PATH, the project
     importable (CI installs it with pip; here it is put on PYTHONPATH), and a git identity to commit with."""
