@@ -334,24 +334,19 @@ def quoted_counts_missing(texts: dict[str, str], counts: dict[str, int]) -> list
 QUOTED_COUNTS = {
     "README.md": ("786 of the {ci} cases of our CI tier are beyond MyMuon ({ci_distributed} distributed",),
     "docs/distributed.md": ("({ci_distributed} cases today, {ci_tp} of them tensor-parallel",
-                            "nightly ({nightly_distributed}) adds", "The CI tier holds {ci_tp} TP cases",
-                            "nightly {nightly_tp}."),
+                            "The CI tier holds {ci_tp} TP cases"),
 }
-"""Phrases that quote how many cases a tier holds, by page (786, MyMuon's unsupported count, is the scope
+"""Phrases that quote how many cases the CI tier holds, by page (786, MyMuon's unsupported count, is the scope
 line's, checked by its run block)."""
 
 
 def case_counts() -> dict[str, int]:
     from cases import tier
 
-    def distributed(name: str) -> list:
-        return [c for c in tier(name) if c.world_size > 1]
-
-    def tensor_parallel(cases: list) -> int:
-        return sum("tp" in c.id.split("/")[-2] for c in cases)
-
-    return {"ci": len(tier("ci")), "ci_distributed": len(distributed("ci")), "ci_tp": tensor_parallel(distributed("ci")),
-            "nightly_distributed": len(distributed("nightly")), "nightly_tp": tensor_parallel(distributed("nightly"))}
+    ci = tier("ci")
+    distributed = [c for c in ci if c.world_size > 1]
+    return {"ci": len(ci), "ci_distributed": len(distributed),
+            "ci_tp": sum("tp" in c.id.split("/")[-2] for c in distributed)}
 
 
 def test_quoted_case_counts_are_the_tiers():
