@@ -52,7 +52,7 @@ class OursTriton(OursMuon):
     def unsupported(self, case: Case) -> str | None:
         if case.world_size > 1:
             return "ours-triton judges one process (the kernel is the same under a layout); distributed cases: ours"
-        if case.orthogonalizer == "svd" or case.compute_dtype != "bf16":
+        if case.orthogonalizer in ("svd", "none") or case.compute_dtype != "bf16":
             return (f"the Triton kernel forms bf16/fp16 symmetric products of the polynomial orthogonalizers; "
                     f"this case computes {case.orthogonalizer} in {case.compute_dtype}")
         _, m, n = matrix_shape(case.shape, case.flatten)
