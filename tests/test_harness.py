@@ -83,7 +83,7 @@ def test_relation_tolerance_is_exact_only_for_same_arithmetic_in_fp64():
 def test_conditioning_is_read_from_the_direction_and_visible():
     well = _policy(ROW.replace("bf16@bf16", "fp32@fp32"))
     ill = _policy(ROW.replace("bf16@bf16", "fp32@fp32").replace("gaussian", "lowrank"))
-    assert well.key.conditioning == "well" and ill.key.conditioning == "ill"
+    assert well.key.regime == "well" and ill.key.regime == "ill"
     assert "/ill:" in ill.at(0, 0).source and "condition" in ill.at(0, 0).source
     assert _policy(ROW.replace("bf16@bf16", "fp32@fp32").replace("gaussian", "rankdef")).ill_posed() is None
     assert "ill-posed" in _policy(ROW.replace("gaussian", "rankdef")).ill_posed()
@@ -92,7 +92,7 @@ def test_conditioning_is_read_from_the_direction_and_visible():
 
 def test_rank_one_matrices_have_their_own_measured_class():
     row = _policy(ROW.replace("linear-12x20", "linear_row-1x16").replace("/ns/", "/pe/").replace("bf16@bf16", "fp32@fp32"))
-    assert row.key.conditioning == "rank-1" and "/rank-1:" in row.at(0, 0).source
+    assert row.key.regime == "rank-1" and "/rank-1:" in row.at(0, 0).source
 
 
 @pytest.mark.parametrize("spec,match", [("nope", "alias"), ("no_such_module:x", "cannot import"),

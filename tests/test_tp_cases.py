@@ -78,7 +78,7 @@ def test_regions_tile_the_parameter_once():
 def test_tiers_hold_tp_cases():
     ci = [c for c in ci_cases() if tensor_parallel(c.layout)]
     nightly = [c for c in nightly_cases() if tensor_parallel(c.layout)]
-    assert 0 < len(ci) <= 8, len(ci)
+    assert 0 < len(ci) <= len([c for c in ci_cases() if c.world_size > 1]) // 4, len(ci)  # a minority of the layouts
     kinds = {(c.tensor_parallel.dp, c.tensor_parallel.dim, c.tensor_parallel.mode, c.tensor_parallel.heads is not None,
               c.world_size) for c in nightly}
     for dp, ws in ((1, 2), (1, 4), (2, 4)):

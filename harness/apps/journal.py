@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
         return 0
     from harness.apps.outputs import write_run
     from harness.judging.details import Pictures
-    from reports import RunInfo
+    from reports import CodeIdentity, RunInfo
 
     fields, finished, dying = _read(path)
     died_at = time.time()
@@ -115,7 +115,8 @@ def main(argv: list[str]) -> int:
     reason = (f"the harness process died {where} (a target's crash in this process, or a kill), after {done} "
               f"finished cases; --isolate judges each case in a worker process, whose death is that case's error")
     info = RunInfo(**{**fields, "selection": tuple(fields["selection"]), "seconds": died_at - clock,
-                      "interrupted": reason})
+                      "interrupted": reason, "judged": CodeIdentity.from_context(fields.get("judged")),
+                      "harness": CodeIdentity.from_context(fields.get("harness"))})
     write_run(finished + dying, info, out, Pictures())
     shutil.rmtree(path.parent, ignore_errors=True)
     print(f"{PROG}: {reason}; stored in {out}/, marked incomplete", file=sys.stderr)
