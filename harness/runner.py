@@ -23,8 +23,10 @@ import torch
 from cases import Case, schema
 from harness.judging import diagnosis, registry
 from harness.judging.checks import Outcome
+from harness.judging.checks import device_class
 from harness.judging.details import Pictures
-from harness.judging.distributed_checks import Pieces
+from harness.judging.distributed_checks import Pieces, gather
+from harness.judging.judged import Judged
 from harness.running import backends
 from harness.running.backends import Backend
 from harness.running.inputs import Inputs, make_inputs
@@ -69,9 +71,10 @@ def _record(case: Case, target: Target, check: str, status: str, backend: str, r
 
 
 def _judge(case: Case, target: Target, backend: str, repro: str,
-           checks: dict[str, Callable[[], Outcome]], pictures: Pictures | None = None) -> list[Record]:
+           checks: dict[str, Callable[[], Outcome]], pictures: Pictures | None = None,
+           judged: Judged | None = None) -> list[Record]:
     """Run each check; a check that raises is an error record with its traceback. Each record and its
-    evidence are offered to `pictures`."""
+    evidence are offered to `pictures`, each outcome to `judged`."""
     records = []
     for name, check in checks.items():
         t0 = time.perf_counter()
@@ -90,6 +93,8 @@ def _judge(case: Case, target: Target, backend: str, repro: str,
             ratio=out.metrics.ratio, message=out.message))
         if pictures is not None:
             pictures.offer(records[-1], out.evidence)
+        if judged is not None:
+            judged.offer(name, out)
     return records
 
 
@@ -118,14 +123,15 @@ def _pieces(case: Case, target: Target, target_spec: str, backend: Backend, inpu
 
 def run_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
              ranks: TorchrunRanks | None = None, timeout: float | None = None,
-             pictures: Pictures | None = None) -> list[Record]:
+             pictures: Pictures | None = None, judged: Judged | None = None) -> list[Record]:
     """Every applicable check of `case` on `target`: pass/fail, or unsupported, skipped (with the
     reason), or error. One path for every layout: the target steps the case over its layout (one
     process being world size 1), then each check judges the pieces it returned. `backend` defaults
     to the case's own: cpu, or gloo for a distributed case. A distributed case whose ranks run past
     `timeout` seconds (default: the pool's DEFAULT_TIMEOUT) is an error. Under torchrun (`ranks`)
     every rank calls this in the same order; only rank 0 gets records (there the process group's
-    timeout applies). `pictures` keeps the evidence of the worst reference checks for the report."""
+    timeout applies). `pictures` keeps the evidence of the worst reference checks for the report; `judged`
+    the judged trajectory and the checks' runs for the diagnosis."""
     chosen = backends.get(backend) if backend is not None else backends.natural(case)
     repro = repro_command(case, target_spec, chosen.name)
     names = registry.applicable(case)
@@ -157,16 +163,21 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
     if isinstance(pieces, str):
         return every("error", pieces, time.perf_counter() - start)
     assert inputs is not None, "only the driver gets pieces"
+    if judged is not None:
+        judged.trajectory, judged.device = gather(case, pieces), device_class(inputs)
     return _judge(case, target, chosen.name, repro,
                   {n: (lambda n=n: registry.judge(n)(case, target, inputs, pieces)) for n in names},
-                  pictures)
+                  pictures, judged)
 
 
 def judged_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
                 ranks: TorchrunRanks | None = None, timeout: float | None = None,
                 pictures: Pictures | None = None) -> list[Record]:
-    """`run_case`'s records of `case`, each with its diagnosis (harness/judging/diagnosis.py)."""
-    return diagnosis.annotate(case, target, run_case(case, target, target_spec, backend, ranks, timeout, pictures))
+    """`run_case`'s records of `case`, each with its diagnosis (harness/judging/diagnosis.py), made from
+    what the checks judged."""
+    judged = Judged()
+    records = run_case(case, target, target_spec, backend, ranks, timeout, pictures, judged)
+    return diagnosis.annotate(case, target, records, judged)
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",

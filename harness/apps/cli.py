@@ -46,6 +46,7 @@ import torch.distributed as dist
 from cases import TIERS, Case
 from harness.apps import pr_diff
 from harness.apps.outputs import write_run
+from harness.judging import diagnosis
 from harness.judging.details import Pictures
 from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.running.backends import get as get_backend
@@ -53,8 +54,8 @@ from harness.running.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRank
 from harness.running.selection import nearest, select
 from harness.targets import DEFAULT, load_target
 from harness.targets.base import Target
-from reports import (RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
-                     status_counts)
+from reports import (Record, RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
+                     status_counts, worst_first)
 from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
 from reports.store import project_commit
 
@@ -367,6 +368,8 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
     checked = counts["pass"] + counts["fail"] + counts["error"]
     print(f"{len(records)} checks: " + ", ".join(f"{counts[s]} {s}" for s in counts)
           + f" ({time.perf_counter() - t0:.1f}s); reports in {args.out}/", file=sys.stderr)
+    for line in failing_summary(records):
+        print(line, file=sys.stderr)
     if stopped is not None:
         print(f"INCOMPLETE: {info.interrupted}; run.json says complete: false", file=sys.stderr)
         return 128 + stopped.signum
@@ -379,6 +382,28 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
         print("nothing was checked: every case is unsupported or skipped", file=sys.stderr)
         return 1
     return 1 if counts["fail"] or counts["error"] or regressed else 0
+
+
+SUMMARY_CASES = 8
+"""Failing cases the console summary of a run names, worst first (every one is in summary.md and report.html)."""
+
+
+def failing_summary(records: list[Record], limit: int = SUMMARY_CASES) -> list[str]:
+    """The console summary of a run's failing cases: how many per diagnosis label, then the worst `limit`
+    cases (by their worst check), each with its diagnosis label."""
+    worst: dict[tuple[str, str], Record] = {}
+    for r in worst_first(r for r in records if r.failing):
+        worst.setdefault((r.case_id, r.backend), r)
+    if not worst:
+        return []
+    labels = [diagnosis.label(r.diagnosis) or "undiagnosed" for r in worst.values()]
+    counts = ", ".join(f"{label} {labels.count(label)}" for label in sorted(set(labels), key=labels.index))
+    lines = [f"{len(worst)} failing cases, by diagnosis: {counts}"]
+    lines += [f"  {label:18} {r.case_id}  ({r.check} {r.status}{'' if math.isnan(r.ratio) else f', ratio {r.ratio:.3g}'})"
+              for label, r in list(zip(labels, worst.values()))[:limit]]
+    if len(worst) > limit:
+        lines.append(f"  ... {len(worst) - limit} more, with their diagnosis lines, in summary.md and report.html")
+    return lines
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
