@@ -20,23 +20,23 @@ Bounded, so that one call of a few minutes yields the whole table:
     next set), with torch._dynamo's recompile limit raised to RECOMPILE_LIMIT as dion's own scripts do;
   - `--only REGEX` keeps the contenders whose label matches; `--drop REGEX` leaves out those whose
     "SET/LABEL" matches (a peer too slow to compile on one set, say, kept on the others).
-Lever rows: "ours (X)" runs with every lever but CUDA graphs; "ours (X, cuda graphs)" adds
-`Muon(cuda_graphs=True)` (lever 3, optimizers/graphs.py); "ours (X, triton symmetric)" computes the
-split symmetric products by the Triton kernel of optimizers/symmetric_triton.py (its cell notes how
-many products it took; without triton the row says so); "+ elementwise" / "+ triton elementwise" adds the
-fused momentum and apply kernels of optimizers/elementwise_triton.py (elementwise.TRITON); "lever 2 off" runs the same orthogonalizer
-with plain products instead of symmetric products by halves (optimizers/symmetric.py); "ours
-(polar_express), lever 2 off" is the step as it was before the levers; "ours (gram_newton_schulz)"
-against "ours (polar_express)" is lever 1 (Gram NS on the rectangular matrices). Lever 4 (the cached,
-validated plan) is in every row of ours. A summary per set closes the run: our best against the fastest
-peer, each with its first step, and the goals of issue 13.
+Rows of ours, by the public options (optimizers/muon.py's Args): "ours (X)" is the default, no option set
+(on CUDA with triton installed, fused=None takes the Triton kernels where they are faster: symmetric products
+of symmetric.TRITON_ROWS rows or more, elementwise launches of elementwise.MIN_NUMEL elements or more;
+optimizers/kernels.py); "fused=False" never takes them (the torch passes and cuBLAS products), "fused=True" at
+every size (without triton the row says so); "cuda graphs" adds cuda_graphs=True (lever 3, optimizers/graphs.py);
+"variant tma" runs the default under `symmetric_triton.variant("tma")` (the kernel variant before
+"persistent"); "lever 2 off" runs the same orthogonalizer with fused=False and plain products instead of
+symmetric products by halves (optimizers/symmetric.py): "ours (polar_express), lever 2 off" is the step as it was
+before the levers; "ours (gram_newton_schulz)" against "ours (polar_express)" is lever 1 (Gram NS on the
+rectangular matrices). Lever 4 (the cached, validated plan) is in every row of ours. A cell notes the optimizer's
+`stats`: Gram NS matrices and fallbacks, Triton products. A summary per set closes the run: our best against the
+fastest peer, each with its first step, and the goals of issue 13.
 Peers run when installed: torch.optim.Muon (2-D only), dion's Muon (`dion`; convolutions handed to it as
 their 2-D matrices, `as_2d`, since its own `flatten=True` is wrong), dion's Muon eager under its
 CudaGraphOptimizer (`dion + cuda graphs`), the gram-newton-schulz package's Muon with its CuTe kernels
 when `quack` is installed, else with its pure-torch path (`ns_use_kernels=False`); `--extra-peers` adds
-dion with `use_triton=True` and, with `quack`, the gram-newton-schulz package without kernels. A Gram NS
-row notes how many matrices it computed by the Gram iteration and how many diverged and were recomputed
-(optimizers.gram_newton_schulz.STATS).
+dion with `use_triton=True` and, with `quack`, the gram-newton-schulz package without kernels.
 `--scale` shrinks every dim; `--quick` is a CPU smoke run of the whole table in seconds (scale 0.005,
 3 steps, no warm-up).
 """
@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 import torch
 
 import optimizers
-from optimizers import elementwise, gram_newton_schulz as gram, launches, symmetric
+from optimizers import kernels, launches, symmetric
 
 
 def gpt2_small(s: float) -> list[tuple[int, ...]]:
@@ -156,29 +156,6 @@ def _plain_products() -> Iterator[None]:
         symmetric.BLOCK = saved
 
 
-@contextlib.contextmanager
-def _triton_products() -> Iterator[None]:
-    """The symmetric products that would be split into blocks by the Triton kernel (symmetric.TRITON)."""
-    saved = symmetric.TRITON
-    symmetric.TRITON = True
-    try:
-        yield
-    finally:
-        symmetric.TRITON = saved
-
-
-@contextlib.contextmanager
-def _fused_elementwise(products: bool) -> Iterator[None]:
-    """Muon's momentum and apply by the fused Triton kernels (elementwise.TRITON), with the symmetric
-    products by the Triton kernel too when `products`."""
-    saved = elementwise.TRITON, symmetric.TRITON
-    elementwise.TRITON, symmetric.TRITON = True, products or symmetric.TRITON
-    try:
-        yield
-    finally:
-        elementwise.TRITON, symmetric.TRITON = saved
-
-
 @dataclass
 class Contender:
     """A row: `make(params)` builds the optimizer (None: cannot run, `reason` says why), inside `context`;
@@ -214,33 +191,35 @@ def _eager() -> Iterator[None]:
 
 
 def contenders(has_convs: bool, extra_peers: bool) -> list[Contender]:
-    """Ours first (each orthogonalizer, then CUDA graphs, then the lever-off rows), then the peers:
-    dion's Muon (compiled, and eager under its CudaGraphOptimizer), the gram-newton-schulz package's Muon
-    (its CuTe kernels when `quack` is installed, else its pure-torch path). `extra_peers` adds dion +
-    triton and, with `quack`, the gram-newton-schulz package without kernels."""
+    """Ours first (each orthogonalizer at its defaults, then CUDA graphs, then each `fused` choice, a kernel
+    variant, the lever-off rows), then the peers: dion's Muon (compiled, and eager under its
+    CudaGraphOptimizer), the gram-newton-schulz package's Muon (its CuTe kernels when `quack` is installed,
+    else its pure-torch path). `extra_peers` adds dion + triton and, with `quack`, the gram-newton-schulz
+    package without kernels."""
     def ours(orth: str, **options: object) -> Callable:
         return lambda ps: optimizers.Muon(ps, flatten=True, orthogonalizer=orth, **options)
 
+    triton = kernels.available()
+    missing = "" if triton else "triton not installed"
+    polynomials = ("polar_express", "gram_newton_schulz")
     out = [Contender(f"ours ({orth})", ours(orth), False)
            for orth in ("polar_express", "newton_schulz", "gram_newton_schulz")]
     out.append(Contender("ours (gram_newton_schulz, fp16)",
                          ours("gram_newton_schulz", compute_dtype=torch.float16), False))
     out += [Contender(f"ours ({orth}, cuda graphs)", ours(orth, cuda_graphs=True), False)
             for orth in ("polar_express", "newton_schulz", "gram_newton_schulz")]
+    out += [Contender(f"ours ({orth}, fused=True)", ours(orth, fused=True) if triton else None, False, missing)
+            for orth in polynomials]
+    out += [Contender(f"ours ({orth}, cuda graphs, fused=True)", ours(orth, cuda_graphs=True, fused=True)
+                      if triton else None, False, missing) for orth in polynomials]
+    out += [Contender(f"ours ({orth}, fused=False)", ours(orth, fused=False), False) for orth in polynomials]
+    out += [Contender(f"ours ({orth}, cuda graphs, fused=False)", ours(orth, cuda_graphs=True, fused=False), False)
+            for orth in polynomials]
     kernel = symmetric.triton_kernel()
-    out += [Contender(f"ours ({orth}, triton symmetric)", ours(orth) if kernel else None, False,
-                      "" if kernel else "triton not installed", context=_triton_products)
-            for orth in ("polar_express", "gram_newton_schulz")]
-    fused = elementwise.triton_kernels()
-    out += [Contender(f"ours ({orth}, triton symmetric + elementwise)", ours(orth) if fused else None, False,
-                      "" if fused else "triton not installed", context=lambda: _fused_elementwise(True))
-            for orth in ("polar_express", "gram_newton_schulz")]
-    out += [Contender(f"ours ({orth}, cuda graphs + triton elementwise)",
-                      ours(orth, cuda_graphs=True) if fused else None, False,
-                      "" if fused else "triton not installed", context=lambda: _fused_elementwise(False))
-            for orth in ("polar_express", "gram_newton_schulz")]
-    out += [Contender(f"ours ({orth}), lever 2 off", ours(orth), False, context=_plain_products)
-            for orth in ("polar_express", "gram_newton_schulz")]
+    out.append(Contender("ours (gram_newton_schulz, variant tma)", ours("gram_newton_schulz") if kernel else None,
+                         False, missing, context=lambda: kernel.variant("tma")))
+    out += [Contender(f"ours ({orth}), lever 2 off", ours(orth, fused=False), False, context=_plain_products)
+            for orth in polynomials]
     if not hasattr(torch.optim, "Muon"):
         out.append(Contender("torch.optim.Muon", None, False, f"not in torch {torch.__version__}"))
     elif has_convs:
@@ -317,11 +296,8 @@ class Result:
 def measure(contender: Contender, params: list[torch.nn.Parameter], device: torch.device, args: argparse.Namespace,
             seconds: float) -> Result:
     """Construction + first step (wall), then median of a budgeted number of steps, within `seconds`, after
-    any kernel compiling in the background since the first step is done (optimizers/plan.py compile_for)."""
-    gram.STATS.gram = gram.STATS.fallbacks = 0
-    kernel = symmetric.triton_kernel()
-    if kernel:
-        kernel.STATS.products = 0
+    any kernel compiling in the background since the first step is done (optimizers/plan.py compile_for); the
+    note: what our optimizer's `stats` counted over all its steps."""
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         with contender.context():
@@ -340,9 +316,12 @@ def measure(contender: Contender, params: list[torch.nn.Parameter], device: torc
             times = _times_ms(opt.step, warmup, steps, device)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    note = f" [Gram NS: {gram.STATS.gram} matrices, {gram.STATS.fallbacks} fallbacks]" if gram.STATS.gram else ""
-    if kernel and kernel.STATS.products:
-        note += f" [triton: {kernel.STATS.products} products]"
+    stats = opt.stats if isinstance(opt, optimizers.Muon) else None
+    note = ""
+    if stats is not None and stats.gram:
+        note += f" [Gram NS: {stats.gram} matrices, {stats.fallbacks} fallbacks]"
+    if stats is not None and stats.products:
+        note += f" [triton: {stats.products} products]"
     return Result(statistics.median(times), first, steps, note)
 
 

@@ -12,8 +12,9 @@ rows show that; the rows "bf16 iterated in bf16" show the iteration as it was be
 emptied), with its standard column in bf16 too. The low-rank finding behind HALF_ITERATES shows on
 small matrices: `--sizes 4x5,8x12,12x20`.
 
-`--device cuda --triton` runs both iterations with optimizers.symmetric.TRITON: from TRITON_ROWS rows
-(e.g. `--sizes 2048x4096,2048x2048`) and in bf16/fp16 their symmetric products run on the Triton kernel, which
+`--device cuda --triton` runs both iterations with the Triton kernels fused=None takes on CUDA
+(optimizers/kernels.py): from symmetric.TRITON_ROWS rows (e.g. `--sizes 2048x4096,2048x2048`) and in bf16/fp16
+their symmetric products run on the Triton kernel, which
 forms each step's polynomial aI + bA + cA² in one rounding (optimizers/symmetric.py `polynomial_product`);
 without `--triton` the same rows run the published form. The closing line counts the kernel's products.
 
@@ -26,14 +27,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+import warnings
 from unittest import mock
 
 import numpy as np
 import torch
 
 from optimizers.coefficients import normaliser_scale, schedule
-from optimizers import gram_newton_schulz as gram, symmetric
-from optimizers.gram_newton_schulz import RESTARTS, GramStats, gram_newton_schulz, normalised, standard_steps
+from optimizers import gram_newton_schulz as gram
+from optimizers.counters import Stats, counting
+from optimizers.gram_newton_schulz import RESTARTS, gram_newton_schulz, normalised, standard_steps
+from optimizers.kernels import TORCH, Kernels, available
 from oracles import Orthogonalizer, spectral_map
 
 SPECTRA = {
@@ -82,13 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown --dtypes {unknown}: of {list(DTYPES)}")
     dtypes = {name: DTYPES[name] for name in args.dtypes.split(",")}
-    kernel = symmetric.triton_kernel() if args.triton else None
-    if args.triton and (device.type != "cuda" or kernel is None):
+    if args.triton and (device.type != "cuda" or not available()):
         parser.error("--triton needs --device cuda and triton installed")
-    symmetric.TRITON = args.triton
+    chosen = Kernels(on=True) if args.triton else TORCH
     torch.set_num_threads(1)
     start = time.perf_counter()
-    print(f"torch {torch.__version__}; sizes {args.sizes}; device {device}; symmetric.TRITON {args.triton}; "
+    products = 0
+    print(f"torch {torch.__version__}; sizes {args.sizes}; device {device}; Triton kernels {args.triton}; "
           "worst relative error over sizes (fallbacks / matrices)")
     print("| schedule | dtype | spectrum | standard | " + " | ".join(f"gram restarts {list(r)}" for r in
                                                               RESTART_SCHEDULES) + " | verdict |")
@@ -101,16 +105,20 @@ def main(argv: list[str] | None = None) -> None:
                 rng = np.random.default_rng(args.seed)
                 mats = [matrix(rng, m, n, spectrum) for m, n in sizes]
                 refs = [spectral_map(g, coefficients, normaliser) for g in mats]
-                std = max(rel(_standard(g, coefficients, scale, dtype, device), ref) for g, ref in zip(mats, refs))
+                with counting(Stats()) as stats:
+                    std = max(rel(_standard(g, coefficients, scale, dtype, device, chosen), ref)
+                              for g, ref in zip(mats, refs))
+                products += stats.products
                 cells, worst = [], {}
                 for restarts in RESTART_SCHEDULES:
-                    stats = GramStats()
-                    as_before = mock.patch.dict(gram.HALF_ITERATES, clear=True) if dtype_name.endswith(
+                    as_before = mock.patch.object(gram, "HALF_ITERATES", {}) if dtype_name.endswith(
                         "iterated in bf16") else contextlib.nullcontext()
-                    with as_before:
+                    with as_before, counting(Stats()) as stats, warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)  # the fallbacks are this table's cells
                         err = max(rel(gram_newton_schulz(torch.from_numpy(g)[None].to(device), coefficients, scale,
-                                                         1e-7, dtype, restarts, stats)[0], ref)
+                                                         1e-7, dtype, restarts, kernels=chosen)[0], ref)
                                   for g, ref in zip(mats, refs))
+                    products += stats.products
                     worst[restarts] = err
                     cells.append(f"{err:.1e} ({stats.fallbacks}/{stats.gram})")
                 verdict = ""
@@ -119,15 +127,16 @@ def main(argv: list[str] | None = None) -> None:
                 elif worst[()] > LOSS * std:
                     verdict = "restart matters"
                 print(f"| {name} | {dtype_name} | {spectrum_name} | {std:.1e} | " + " | ".join(cells) + f" | {verdict} |")
-    products = f"; {kernel.STATS.products} products on the Triton kernel" if kernel is not None else ""
-    print(f"\n{time.perf_counter() - start:.1f} s{products}")
+    counted = f"; {products} products on the Triton kernel" if args.triton else ""
+    print(f"\n{time.perf_counter() - start:.1f} s{counted}")
 
 
-def _standard(g: np.ndarray, coefficients, scale: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _standard(g: np.ndarray, coefficients, scale: float, dtype: torch.dtype, device: torch.device,
+              chosen: Kernels) -> torch.Tensor:
     x = torch.from_numpy(g)[None].to(device)
     tall = x.size(-2) > x.size(-1)
-    wide = normalised(x.mT if tall else x, scale, 1e-7, dtype)
-    out = standard_steps(wide, coefficients)
+    wide = normalised(x.mT if tall else x, scale, 1e-7, dtype, kernels=chosen)
+    out = standard_steps(wide, coefficients, chosen)
     return (out.mT if tall else out)[0]
 
 

@@ -26,7 +26,7 @@ folder of that name already there is kept, and this run takes the name with -2, 
                            a split CPU twin's parts beside it, runs/gloo-ws<w>-part<j>/
   logs/<backend>-ws<w>.log each launch's stdout and stderr, whole (-part<j>.log per part)
   diffs/ws<w>/             diff.md, diff.html of gloo vs nccl (cpu vs cuda at w = 1)
-  results.parquet          every record of every launch (the stored-run format: `harness diff` reads it)
+  all/                     every record of every launch, as one stored run (`harness diff` reads it)
   timings.json             per launch: command, exit status, wall seconds, checks, whether it was cut
   summary.md               the table printed on stdout, then the failing checks
 When $OUT is set, the whole folder also goes into ONE tarball $OUT/<folder name>.tar.gz (a device
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                        started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        seconds=elapsed, torch_version=torch.__version__, selection=tuple(args.select),
                        interrupted="" if not any(x.cut for x in launches) else "the budget cut a launch")
-        save_run(records, info, folder)
+        save_run(records, info, folder / "all")  # a stored run is a folder of its own
         failing = render_markdown(records, info)
     else:
         failing = "no launch stored a run\n"

@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from optimizers import symmetric  # noqa: E402
+from optimizers.kernels import TORCH  # noqa: E402
 
 SHAPES = [  # (label, batch, m, k, kind): "gram" is X Xᵀ, "gram-t" the same with X a transposed view (a tall
     # matrix's transpose, as Gram Newton-Schulz orients it), "poly" is beta C + alpha C·C
@@ -64,7 +65,7 @@ SWEEP = [("tma", 8, 3), ("tma", 8, 4), ("tma", 4, 3), ("persistent", 4, 5)]
 """(variant, warps, stages) beyond each variant's own launch, run after them (--no-sweep skips them).
 On one H200 (torch 2.11, triton 3.6) tma's own 4 warps, 4 stages was the fastest of tma's launches on every
 shape, then 8 warps, 4 stages, then 8 warps, 3 stages (1.03-1.08x slower than 4, 4); persistent at 5 stages
-ran 0.97-1.00x its own 4 (benchmarks/results/2026-12-01-h200-torch2.11.0-pipelined-checks/call4/)."""
+ran 0.97-1.00x its own 4 (docs/performance.md §3)."""
 
 
 def operands(batch, m, k, kind, device, dtype, seed=0):
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
             block = symmetric.BLOCK if m >= 2 * symmetric.BLOCK else max(1, m // 4)
             nb = symmetric.blocks(m, block)
             row(case, "torch row blocks", f"{nb} blocks",
-                lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block), (nb + 1) / (2 * nb))
+                lambda: symmetric._lower_blocks(input, a, b, BETA, alpha, block, TORCH), (nb + 1) / (2 * nb))
         run_rows(runs, cases, started_tags, row, skip, args, started, kernel, tile, tile_k)
     except ContextLost as lost:  # an illegal address (say) leaves this process's CUDA context unusable
         if args.restarts >= 3:

@@ -40,7 +40,15 @@ short side of 2 * BLOCK = 2048 rows, and any peer's kernels from smaller sizes (
 the FP64 oracle of one 2048 x 4096 step is an SVD of that size, minutes on a loaded 2-core machine. Not in
 `all_layers()`: no covering array or strategy draws them."""
 
-LAYER_KINDS = ("linear", "conv1d", "conv2d", "conv3d")
+VECTOR_LAYERS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "bias": ("vector", (16,)),
+    "embedding": ("embedding", (40, 8)),
+}
+"""Layers of the elementwise algorithms only (AdamW, the fallback for what Muon must not orthogonalize): a
+1-D bias or norm weight, and an embedding table. Not in `all_layers()`: the matrix algorithms' covering
+arrays and strategies never draw them."""
+
+LAYER_KINDS = ("linear", "conv1d", "conv2d", "conv3d", "vector", "embedding")
 MEGABATCH_SIZES = (1, 2, 3, 5)
 DTYPES = ("fp64", "fp32", "bf16")
 ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
@@ -48,26 +56,46 @@ ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
 GRAM = "gram_newton_schulz"
 """Gram Newton-Schulz (Polar Express schedule, Muon's default restarts): its cases come from a generator
 of their own (cases/tiers.py), so that adding it did not reshuffle the covering arrays."""
+NO_ORTHOGONALIZER = "none"
+"""The orthogonalizer of an elementwise algorithm's cases (AdamW): none."""
 EVERY_ORTHOGONALIZER = ORTHOGONALIZERS + (GRAM,)
-ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd", GRAM: "gns"}
+ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd", GRAM: "gns", NO_ORTHOGONALIZER: "none"}
 ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
 DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
+VECTOR_GRADIENTS = ("gaussian", "zero", "tiny", "huge")
+"""The gradient kinds of a 1-D parameter (no matrix view: no rank to set)."""
 FRACTIONS = (0.25, 0.5, 1.0)
 SCOPES = ("local", "global")
 STEPS = (1, 3)
 """Steps per case: one step, and three so that momentum (and NorMuon's variance) accumulate."""
 WEIGHT_DECAYS = (0.0, 0.1)
+"""The weight decays of the hand-written generators and the original covering arrays (their ids are frozen)."""
+DECAYS = (0.0, 1e-4, 0.01, 0.1)
+"""Every weight decay of the full axis space (cases/space.py): the small values people train with, at which
+1 - lr wd rounds to 1 in bf16, and a large one."""
+LRS = (0.02, 0.05)
+"""Every lr of the full axis space."""
 
 DTYPE_PAIRS = (("fp64", "fp64"), ("fp64", "fp32"), ("fp32", "fp32"), ("fp32", "bf16"),
                ("bf16", "fp32"), ("bf16", "bf16"))
 """(parameter dtype, compute dtype) pairs a case may have: compute in the parameter's
 precision or one step coarser, as implementations do (torch.optim.Muon: always bf16)."""
+ELEMENTWISE_DTYPE_PAIRS = (("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16"))
+"""An elementwise algorithm computes in its parameter's dtype."""
 
 LR = 0.02
 MOMENTUM = 0.95
 BETA2 = 0.95
 """NorMuon's row second-moment decay (Li et al., 2025 default)."""
+EF_DECAY = 0.95
+"""Dion2's error-feedback decay: the momentum's default, so that fraction 1 is Muon at its default momentum."""
+
+HYPER_DEFAULTS = {"lr": LR, "momentum": MOMENTUM, "beta2": BETA2, "ef_decay": EF_DECAY}
+"""A case's hyper-parameters and their values where its id does not name them."""
+HYPER_VALUES = {"momentum": (0.95, 0.9), "beta2": (0.95, 0.99), "ef_decay": (0.95, 0.9)}
+"""The values of each algorithm-specific hyper-parameter in the full axis space: the default and another,
+each varied on its own, so that a defect swapping two of them shows."""
 PARAM_SCALE = 0.02
 """Initial parameters are N(0, PARAM_SCALE^2): small enough that a bf16 parameter's
 rounding (relative 2^-9) stays a few percent of a Muon update of lr ~ 0.02."""
@@ -79,8 +107,8 @@ def all_layers() -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def known_layers() -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Every layer a case may name: CI, nightly and the GPU tier's."""
-    return {**all_layers(), **GPU_LAYERS}
+    """Every layer a case may name: CI, nightly, the GPU tier's and the elementwise algorithms'."""
+    return {**all_layers(), **GPU_LAYERS, **VECTOR_LAYERS}
 
 
 def compute_ok(orthogonalizer: str, compute_dtype: str) -> bool:
@@ -89,5 +117,6 @@ def compute_ok(orthogonalizer: str, compute_dtype: str) -> bool:
 
 
 def flatten_values(layer: str) -> tuple[bool, ...]:
-    """The flatten values a layer's cases take: both for a 3-D+ layer, False for a matrix."""
+    """The flatten values a layer's cases take in the hand-written generators: both for a 3-D+ layer,
+    False for a matrix."""
     return (False, True) if len(all_layers()[layer][1]) > 2 else (False,)

@@ -50,10 +50,16 @@ class Case:
     world_size: int = 1
     fraction: float | None = None
     scope: str | None = None
+    lr: float = axes.LR
+    momentum: float = axes.MOMENTUM
+    beta2: float = axes.BETA2
+    ef_decay: float = axes.EF_DECAY
+    """Dion2's error-feedback decay (its `momentum` is unused: fraction 1 is Muon with momentum ef_decay)."""
 
     def __post_init__(self) -> None:
         allowed = {"layer": tuple(axes.known_layers()), "param_dtype": axes.DTYPES,
-                   "compute_dtype": axes.DTYPES, "orthogonalizer": axes.EVERY_ORTHOGONALIZER,
+                   "compute_dtype": axes.DTYPES,
+                   "orthogonalizer": axes.EVERY_ORTHOGONALIZER + (axes.NO_ORTHOGONALIZER,),
                    "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS, "optimizer": algorithms.names()}
         for name, values in allowed.items():
             if getattr(self, name) not in values:
@@ -68,6 +74,9 @@ class Case:
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"Case.weight_decay={self.weight_decay!r} must be finite and >= 0")
         why = layouts.invalid(self.layout, self.world_size)
+        dim = layouts.shard_dim(self.layout)
+        if not why and dim is not None and dim >= len(self.shape):
+            why = f"{self.layout} shards dim {dim} of a {len(self.shape)}-D parameter"
         tp = layouts.tensor_parallel(self.layout)
         if tp is not None:
             why = why or layouts.tp_invalid(tp, self.world_size, self.shape) or (
@@ -76,6 +85,8 @@ class Case:
         if why:
             raise ValueError(f"Case: {why}")
         self._check_selection()
+        self._check_hyper()
+        self._check_elementwise()
 
     def _check_selection(self) -> None:
         """fraction (and scope, when distributed) exactly for the selecting optimizers."""
@@ -91,28 +102,45 @@ class Case:
             raise ValueError(f"Case.scope={self.scope!r}: a distributed {self.optimizer} case needs one of "
                              f"{axes.SCOPES}, a single-process one none (the scopes coincide there)")
 
-    @property
-    def lr(self) -> float:
-        return axes.LR
+    def _check_elementwise(self) -> None:
+        """An elementwise algorithm (AdamW) has no orthogonalizer, lr scale, Nesterov form or matrix view and
+        computes in its parameter's dtype; the others orthogonalize matrices: no 1-D or embedding layers. A
+        1-D parameter has no rank to set (VECTOR_GRADIENTS)."""
+        if algorithms.entry(self.optimizer).elementwise:
+            plain = (self.orthogonalizer == axes.NO_ORTHOGONALIZER and self.adjust_lr == "none" and not self.nesterov
+                     and not self.flatten and self.compute_dtype == self.param_dtype)
+            if not plain:
+                raise ValueError(f"Case: {self.optimizer} is elementwise: orthogonalizer none, adjust_lr none, no "
+                                 f"Nesterov, no flatten, and compute in the parameter's dtype ({self})")
+        elif self.orthogonalizer == axes.NO_ORTHOGONALIZER or self.layer in axes.VECTOR_LAYERS:
+            raise ValueError(f"Case: {self.optimizer} orthogonalizes matrices: it needs an orthogonalizer and a "
+                             f"matrix or convolution layer, not {self.layer} with {self.orthogonalizer}")
+        if len(self.shape) < 2 and self.grad not in axes.VECTOR_GRADIENTS:
+            raise ValueError(f"Case: a {len(self.shape)}-D parameter takes gradients {axes.VECTOR_GRADIENTS}, "
+                             f"not {self.grad!r}")
 
-    @property
-    def momentum(self) -> float:
-        return axes.MOMENTUM
-
-    @property
-    def beta2(self) -> float:
-        return axes.BETA2
-
-    @property
-    def ef_decay(self) -> float:
-        """Dion2's error-feedback decay: the momentum's value, so that fraction 1 is Muon with
-        momentum = ef_decay (one constant for both)."""
-        return axes.MOMENTUM
+    def _check_hyper(self) -> None:
+        """lr > 0; momentum, beta2 and ef_decay in [0, 1) (beta2 and ef_decay at least 1e-4, so that their
+        id tokens hold no exponent); each away from its default only for an algorithm that has it."""
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"Case.lr={self.lr!r} must be finite and > 0")
+        for name, low in (("momentum", 0.0), ("beta2", 1e-4), ("ef_decay", 1e-4)):
+            value = getattr(self, name)
+            if not low <= value < 1.0:
+                raise ValueError(f"Case.{name}={value!r} must lie in [{low:g}, 1)")
+        own = algorithms.entry(self.optimizer).hyper
+        for name in ("momentum", "beta2", "ef_decay"):
+            if name not in own and getattr(self, name) != axes.HYPER_DEFAULTS[name]:
+                raise ValueError(f"Case.{name}={getattr(self, name)!r}: {self.optimizer} has no {name} "
+                                 f"(its hyper-parameters: {', '.join(own) or 'none'})")
 
     @property
     def optimizer_token(self) -> str:
-        """The optimizer with its fraction and scope: muon, dion2-f0.25, dion2-f0.25-global."""
+        """The optimizer with its fraction, its own hyper-parameters away from their defaults and its scope:
+        muon, dion2-f0.25, dion2-f0.25-ef0.9-global, normuon-b0.99."""
         parts = [self.optimizer] + ([f"f{self.fraction:g}"] if self.fraction is not None else [])
+        parts += [f"ef{self.ef_decay:g}"] if self.ef_decay != axes.EF_DECAY else []
+        parts += [f"b{self.beta2:g}"] if self.beta2 != axes.BETA2 else []
         return "-".join(parts + ([self.scope] if self.scope else []))
 
     @property

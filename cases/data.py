@@ -52,10 +52,10 @@ def _spectrum(rng: np.random.Generator, b: int, m: int, n: int, lowrank: bool) -
 def gradient(case: Case, member: int, step: int) -> np.ndarray:
     """Gradient of megabatch member `member` at step `step` (0-based), FP64."""
     rng = _rng(case, member, step)
-    b, m, n = matrix_shape(case.shape, case.flatten)
     if case.grad == "zero":
         return np.zeros(case.shape)
     if case.grad in ("lowrank", "rankdef"):
+        b, m, n = matrix_shape(case.shape, case.flatten)
         return _spectrum(rng, b, m, n, lowrank=case.grad == "lowrank").reshape(case.shape) * math.sqrt(m * n)
     return rng.standard_normal(case.shape) * _SCALES.get(case.grad, 1.0)
 

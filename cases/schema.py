@@ -42,12 +42,41 @@ def _prefixed(prefix: str, kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return read
 
 
+_OPTIMIZER_PARTS = (("fraction", "f", float), ("ef_decay", "ef", float), ("beta2", "b", float))
+"""The optimizer token's optional parts after the name, in order: prefix and type of each."""
+
+
 def _read_optimizer(text: str) -> dict[str, Any]:
-    name, *selection = text.split("-")
-    if len(selection) > 2 or (selection and not selection[0].startswith("f")):
-        raise ValueError(f"optimizer token {text!r} must read NAME[-f<fraction>[-<scope>]]")
-    return {"optimizer": name, "fraction": float(selection[0].removeprefix("f")) if selection else None,
-            "scope": selection[1] if len(selection) == 2 else None}
+    """NAME[-f<fraction>][-ef<ef_decay>][-b<beta2>][-<scope>]; a part left out is None (fraction, scope)
+    or its default."""
+    name, *parts = text.split("-")
+    fields: dict[str, Any] = {"optimizer": name, "fraction": None, "scope": None}
+    if parts and parts[-1] in axes.SCOPES:
+        fields["scope"] = parts.pop()
+    for field, prefix, kind in _OPTIMIZER_PARTS:
+        if parts and parts[0].startswith(prefix):
+            fields[field] = kind(parts.pop(0).removeprefix(prefix))
+    if parts:
+        raise ValueError(f"optimizer token {text!r} must read NAME[-f<fraction>][-ef<ef_decay>][-b<beta2>][-<scope>]")
+    return fields
+
+
+def _read_nesterov(text: str) -> dict[str, Any]:
+    """nesterov|plain, then _mu<momentum> where the momentum is not its default."""
+    form, sep, momentum = text.partition("_")
+    fields: dict[str, Any] = {"nesterov": _NESTEROV[form]}
+    if sep:
+        fields["momentum"] = _prefixed("mu", float)(momentum)
+    return fields
+
+
+def _read_decay(text: str) -> dict[str, Any]:
+    """wd<weight decay>, then _lr<lr> where the lr is not its default."""
+    decay, sep, lr = text.partition("_")
+    fields: dict[str, Any] = {"weight_decay": _prefixed("wd", float)(decay)}
+    if sep:
+        fields["lr"] = _prefixed("lr", float)(lr)
+    return fields
 
 
 def _read_dtypes(text: str) -> dict[str, Any]:
@@ -62,7 +91,8 @@ _FLATTEN = {"flat": True, "noflat": False}
 _NESTEROV = {"nesterov": True, "plain": False}
 
 TOKENS: tuple[Token, ...] = (
-    Token("optimizer", ("optimizer", "fraction", "scope"), lambda c: c.optimizer_token, _read_optimizer),
+    Token("optimizer", ("optimizer", "fraction", "ef_decay", "beta2", "scope"), lambda c: c.optimizer_token,
+          _read_optimizer),
     Token("layer", ("layer",), lambda c: f"{c.layer}-{c.shape_text}",
           lambda t: {"layer": t.rpartition("-")[0]}),  # the shape after it is checked by the canonical id
     Token("megabatch", ("megabatch",), lambda c: f"mb{c.megabatch}",
@@ -72,10 +102,10 @@ TOKENS: tuple[Token, ...] = (
     Token("orthogonalizer", ("orthogonalizer",), lambda c: axes.ORTH_TOKENS[c.orthogonalizer],
           lambda t: {"orthogonalizer": _ORTH_NAMES[t]}),
     Token("adjust_lr", ("adjust_lr",), lambda c: c.adjust_lr, lambda t: {"adjust_lr": t}),
-    Token("nesterov", ("nesterov",), lambda c: "nesterov" if c.nesterov else "plain",
-          lambda t: {"nesterov": _NESTEROV[t]}),
-    Token("weight_decay", ("weight_decay",), lambda c: f"wd{c.weight_decay:g}",
-          lambda t: {"weight_decay": _prefixed("wd", float)(t)}),
+    Token("nesterov", ("nesterov", "momentum"), lambda c: ("nesterov" if c.nesterov else "plain")
+          + ("" if c.momentum == axes.MOMENTUM else f"_mu{c.momentum:g}"), _read_nesterov),
+    Token("weight_decay", ("weight_decay", "lr"), lambda c: f"wd{c.weight_decay:g}"
+          + ("" if c.lr == axes.LR else f"_lr{c.lr:g}"), _read_decay),
     Token("steps", ("steps",), lambda c: f"steps{c.steps}", lambda t: {"steps": _prefixed("steps", int)(t)}),
     Token("grad", ("grad",), lambda c: c.grad, lambda t: {"grad": t}),
     Token("seed", ("seed",), lambda c: f"seed{c.seed}", lambda t: {"seed": _prefixed("seed", int)(t)}),
@@ -143,6 +173,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("seed", int, lambda c: c.seed, since=4, default=-1),
     Column("fraction", str, lambda c: "" if c.fraction is None else f"{c.fraction:g}", since=4, default=""),
     Column("scope", str, lambda c: c.scope or "", since=4, default=""),
+    Column("lr", float, lambda c: c.lr, since=5, default=math.nan),
+    Column("momentum", float, lambda c: c.momentum, since=5, default=math.nan),
+    Column("beta2", float, lambda c: c.beta2, since=5, default=math.nan),
+    Column("ef_decay", float, lambda c: c.ef_decay, since=5, default=math.nan),
 )
 """Record columns from the case, in order. Those of version 1 sit between `backend` and `status` of
 `Record`; later ones after every other column, so that the stored column order only grows at the end.

@@ -24,7 +24,7 @@ import functools
 import itertools
 from typing import Callable, Iterable, Iterator
 
-from cases import algorithms, axes, layouts
+from cases import algorithms, axes, layouts, space
 from cases.case import Case
 from cases.covering import Constraint, Space, covering_array
 
@@ -230,11 +230,29 @@ def _unique(cases: Iterable[Case]) -> list[Case]:
 
 
 @functools.cache
-def _tier(name: str) -> tuple[Case, ...]:
+def written(name: str) -> tuple[Case, ...]:
+    """The cases of tier `name` that its generators write (nightly's after the whole CI tier's)."""
     if name not in TIERS:
         raise ValueError(f"unknown tier {name!r}; expected one of {TIERS}")
     own = itertools.chain.from_iterable(g() for g in GENERATORS[name])
     return tuple(_unique(itertools.chain(_tier("ci") if name == "nightly" else (), own)))
+
+
+def _everything(case: Case) -> None:
+    """A target that supports every case."""
+    return None
+
+
+@functools.cache
+def _tier(name: str) -> tuple[Case, ...]:
+    """The written cases, then the rows of a covering array of the tier's full axis space (cases/space.py)
+    that they leave to cover: the tier of a target that supports every case."""
+    cases = written(name)
+    if name not in space.SPACES:
+        return cases
+    rows = [c for part in (False, True) for c in space.supported_covering(space.SPACES[name], part, _everything,
+                                                                          cases).rows]
+    return tuple(_unique(itertools.chain(cases, rows)))
 
 
 def ci_cases() -> list[Case]:

@@ -13,7 +13,21 @@ skipped, with the reasons, when every check is unsupported or skipped; it passes
 Each test hands its records to the controlling process through `report.user_properties`
 (JSON), so under xdist the controller aggregates every worker's records and, at the end of
 the session, writes to --muon-out the same stored run as `python -m harness run`
-(results.parquet, results.csv, run.json, report.html, summary.md).
+(results.parquet, results.csv, run.json, report.html, summary.md). A case whose test ends
+without records is an error on each of its checks there, saying why: under xdist, the worker
+that crashed in it (a target's os._exit or fatal signal; xdist replaces the worker and the
+session goes on); otherwise the harness's traceback. Without xdist such a crash ends pytest
+itself, and nothing is stored.
+
+Exit status: pytest's. 0 every test passed (or was skipped); 1 a test failed; 4 (pytest's
+usage error, `USAGE_EXIT`) a bad --muon-* option, reported in one line before any test runs or
+anything is written: a target that is no alias or MODULE:CALLABLE returning a Target, or whose
+module fails to import; an unknown tier or backend; a selection that matches no case; a
+--muon-out that is a file or cannot be created.
+
+A pull request's diff: this plugin judges one checkout. Its --muon-out run is a stored run like
+`python -m harness run`'s, so `python -m harness pr-diff --base-ref REF --target SPEC --head-run DIR`
+(with the session's --muon-select values as --select) reuses it as the head and runs the base.
 
 Inert without --muon-target: only the options are added and nothing is imported beyond
 this module, so a session of anyone who has the package installed is unchanged.
@@ -32,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from harness.judging.scope import Judgement
     from cases import Case
     from reports import Record
 
@@ -39,6 +54,9 @@ PROPERTY = "muon_records"
 """user_properties key under which a test's records travel to the controller, as JSON."""
 PICTURES = "muon_pictures"
 """xdist workeroutput key: a worker's worst reference checks and their evidence, for the report's pictures."""
+
+USAGE_EXIT = int(pytest.ExitCode.USAGE_ERROR)
+"""The exit status of a session with a bad --muon-* option: pytest's usage error, 4."""
 
 SESSION_PLUGIN = "muon-conformance-session"
 """Name under which the session object below is registered when --muon-target is given."""
@@ -48,15 +66,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("muon", "Muon conformance: judge a Muon implementation case by case")
     group.addoption("--muon-target", metavar="MODULE:CALLABLE",
                     help="harness target to judge (alias or MODULE:CALLABLE returning a harness Target); "
-                         "without it this plugin does nothing")
+                         "without it this plugin does nothing. A bad --muon-* option exits with status "
+                         f"{USAGE_EXIT} (pytest's usage error) before any test runs")
     group.addoption("--muon-tier", default="ci", metavar="TIER", help="case tier: ci (default) or nightly")
     group.addoption("--muon-select", action="append", default=[], metavar="SUBSTRING",
                     help="keep cases whose id contains SUBSTRING (repeatable); a full case id runs that case")
     group.addoption("--muon-backend", default="cpu", metavar="NAMES",
                     help="comma-separated harness backends (default: cpu)")
     group.addoption("--muon-out", type=Path, metavar="DIR",
-                    help="write the stored run, report.html and summary.md here at the end of the session "
+                    help="write the stored run, report.html and summary.md here at the end of the session, "
+                         "whole, replacing a stored run there; a folder of other files is refused "
                          "(write --muon-out=DIR: a separate existing path would move pytest's rootdir)")
+    group.addoption("--muon-allow-thin", action="store_true",
+                    help="do not fail the session when the whole tier judged too little to mean anything "
+                         "(harness/judging/scope.py); it is still said")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -157,8 +180,9 @@ class ConformanceSession:
     def __init__(self, config: pytest.Config) -> None:
         from cases import TIERS
         from harness.runner import BACKENDS
-        from harness.running.selection import select
-        from harness.targets import TargetError, load_target
+        from harness.running.selection import narrow, target_tier
+        from harness.targets import TargetError, load_target, target_module
+        from harness.targets.identity import module_identity
 
         self.config = config
         self.spec: str = config.getoption("muon_target")
@@ -181,16 +205,23 @@ class ConformanceSession:
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise pytest.UsageError(f"--muon-target {self.spec!r}: loading it raised {type(exc).__name__}: {first}") \
                 from None
-        self.cases = select(self.tier, self.patterns)
+        try:
+            self.own = target_tier(self.tier, self.target)
+        except Exception as exc:  # an adapter's unsupported() that raises is bad input too
+            raise pytest.UsageError(f"--muon-target {self.spec!r}: asking what it supports raised "
+                                    f"{type(exc).__name__}: {exc}") from None
+        self.code = module_identity(target_module(self.spec)) if self.is_controller else None
+        """The code judged, as imported when the session started."""
+        self.cases = narrow(self.own.cases, self.patterns)
         if not self.cases:
-            raise pytest.UsageError(f"--muon-select {self.patterns}: no case of tier {self.tier!r} matches")
-        if self.out is not None and self.is_controller:
-            if self.out.exists() and not self.out.is_dir():
-                raise pytest.UsageError(f"--muon-out {self.out}: exists and is not a directory")
+            raise pytest.UsageError(f"--muon-select {self.patterns}: no case of the target's {self.tier!r} tier matches")
+        self.judged: Judgement | None = None
+        if self.out is not None and self.is_controller:  # checked as the session's end will claim it
+            from reports.run_folder import StoreError, check, estimated_bytes
             try:
-                self.out.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise pytest.UsageError(f"--muon-out {self.out}: cannot create it ({exc.strerror})") from None
+                check(self.out, replace=True, expected_bytes=estimated_bytes(len(self.cases) * len(self.backends)))
+            except StoreError as exc:
+                raise pytest.UsageError(f"--muon-out {exc}") from None
         self.records: dict[str, list[Record]] = {}
         from harness.judging.details import Pictures
 
@@ -204,7 +235,7 @@ class ConformanceSession:
 
     def rerun(self, case: Case, backend: str) -> str:
         """The pytest command that reruns `case` alone on `backend`."""
-        return shlex.join(["pytest", "-p", "harness.apps.pytest_plugin", f"--muon-target={self.spec}",
+        return shlex.join(["pytest", "-p", "harness.pytest_plugin", f"--muon-target={self.spec}",
                            f"--muon-backend={backend}", f"--muon-select={case.id}"])
 
     @property
@@ -230,17 +261,34 @@ class ConformanceSession:
         self.expected = {i for i in ids if i.startswith(tuple(f"muon-{b}::" for b in self.backends))}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep the records a test carried (on the controller, reports come from every worker)."""
+        """Keep the records a test carried (on the controller, reports come from every worker). A case's
+        test that failed without records (its xdist worker crashed in it: the target's os._exit or a fatal
+        signal; or the harness raised) gets an error on each of its checks, saying why."""
         for key, value in report.user_properties:
             if key == PROPERTY and report.nodeid not in self.records:
                 self.records[report.nodeid] = _decode(value)
+        if report.failed and report.nodeid not in self.records and report.nodeid in self.expected:
+            self.records[report.nodeid] = self._unjudged(report)
+
+    def _unjudged(self, report: pytest.TestReport) -> list[Record]:
+        """The error records of a case whose test `report` failed before it produced records."""
+        from cases import Case
+        from harness.runner import failed_case
+
+        group, _, case_id = report.nodeid.partition("::")
+        if report.when in ("setup", "call", "teardown"):
+            why = f"the test of this case failed before it produced records:\n{report.longreprtext}"
+        else:  # xdist's report of the item a crashed worker was running
+            why = (f"{report.longreprtext}: the pytest-xdist worker process judging this case died (the target's "
+                   f"os._exit or a fatal signal such as SIGSEGV, or it was killed); xdist replaced it")
+        return failed_case(Case.from_id(case_id), self.target, self.spec, group.removeprefix("muon-"), why)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """xdist controller: keep the worst pictures of a worker that finished."""
         import numpy as np
 
-        from harness.judging.checks import Evidence
+        from harness.judging.outcome import Evidence
         from reports import Record
 
         for record, (where, judged, reference) in getattr(node, "workeroutput", {}).get(PICTURES, []):
@@ -253,21 +301,28 @@ class ConformanceSession:
                 for r, e in self.pictures.kept()]
             return
         self.incomplete = self._incomplete(session)
+        from harness.judging.scope import judgement
+
+        records = [r for node in sorted(self.records) for r in self.records[node]]
+        self.judged = judgement(self.own, self.cases, records, self.backends, bool(self.patterns))
+        if self.judged.thin and not self.config.getoption("muon_allow_thin") and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.out is None:
             return
         import torch
 
         from harness.apps.outputs import write_run
+        from harness.targets.identity import module_identity
         from reports import RunInfo
         from reports.store import project_commit
 
-        records = [r for node in sorted(self.records) for r in self.records[node]]
         args = self.config.invocation_params.args
         info = RunInfo(target=f"{self.target.name} [{self.spec}] {self.target.version()}", tier=self.tier,
                        backends=",".join(self.backends), command=shlex.join(["pytest", *args]),
                        started=self.started.isoformat(timespec="seconds"), seconds=time.perf_counter() - self.t0,
                        torch_version=torch.__version__, commit=project_commit(), selection=tuple(self.patterns),
-                       interrupted=self.incomplete)
+                       interrupted=self.incomplete, scope=self.judged.scope, thin=self.judged.thin, judged=self.code,
+                       harness=module_identity("harness"))
         write_run(records, info, self.out, self.pictures)
 
     def _incomplete(self, session: pytest.Session) -> str:
@@ -289,6 +344,12 @@ class ConformanceSession:
         if self.out is not None:
             line += f"; stored run and report in {self.out}/"
         terminalreporter.write_sep("-", line)
+        if self.judged is not None:
+            terminalreporter.write_line(f"muon conformance {self.judged.scope}")
+            if self.judged.thin:
+                terminalreporter.write_line(f"muon conformance THIN: {self.judged.thin}"
+                                            + ("" if self.config.getoption("muon_allow_thin")
+                                               else " (the session fails; --muon-allow-thin accepts it)"), red=True)
         if self.incomplete:
             terminalreporter.write_line(f"muon conformance INCOMPLETE: {self.incomplete}", red=True)
 

@@ -22,6 +22,7 @@ TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
+import types
 from collections import OrderedDict
 
 import torch
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 
 from optimizers.launches import launch
-from optimizers.symmetric_triton import interpreted
+from optimizers.optional import interpreted
 
 BLOCK = 4096
 """Elements per program and loop turn of the momentum kernel."""
@@ -92,7 +93,7 @@ def _divide(x_ptr, d_ptr, out_ptr, per_matrix, BLOCK: tl.constexpr):
         tl.store(out_ptr + base + offs, tl.math.div_rn(x, d).to(out_ptr.dtype.element_ty), mask=inside)
 
 
-_EXACT = {} if interpreted() else dict(enable_fp_fusion=False)
+_EXACT = types.MappingProxyType({} if interpreted() else dict(enable_fp_fusion=False))
 """Launch options: separate roundings where the kernel's source writes them separately."""
 
 
@@ -100,6 +101,7 @@ TABLES = 256
 """Device-side address tables kept (least recently used dropped first)."""
 
 _TABLES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+"""`_table`'s device copies by (device, values): memoization (each is a function of its key), at most TABLES."""
 
 
 def _table(values: list[int], device: torch.device) -> torch.Tensor:

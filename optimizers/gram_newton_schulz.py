@@ -17,20 +17,25 @@ iterates in fp16 too (`iteration_dtype`): bf16's 8 significant bits are not enou
 (see `HALF_ITERATES`). Square matrices take the standard iteration (no FLOP advantage), as the
 published versions do. A result that is not finite, or whose Frobenius norm exceeds `DIVERGED` times
 the largest one a converging schedule can give, is recomputed with the standard iteration in the
-requested compute dtype; `GramStats` counts those.
+requested compute dtype: the optimizer's `stats` count those (`fallbacks`, optimizers/counters.py), and its
+first one warns (RuntimeWarning).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import types
+import warnings
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
-from optimizers import elementwise
-from optimizers.norms import frobenius
+from optimizers import counters, elementwise
+from optimizers.kernels import TORCH, Kernels
+from optimizers.norms import denominator, downscale, entry_limit, frobenius, norm_limit, scale_of
 from optimizers.symmetric import (adds_identity, polynomial_product, polynomial_with_identity, symmetric_baddbmm,
                                   symmetric_bmm)
 
@@ -40,7 +45,7 @@ RESTARTS: tuple[int, ...] = (2,)
 """Restart before step 2: gram-newton-schulz 0.1.6 (`gram_newton_schulz_reset_iterations=[2]`)
 and DeepSpeed 0.19.8 (`restart_at = 2`)."""
 
-HALF_ITERATES = {torch.bfloat16: torch.float16}
+HALF_ITERATES = types.MappingProxyType({torch.bfloat16: torch.float16})
 """Compute dtypes whose Gram iteration runs in another: bf16 runs in fp16, as gram-newton-schulz 0.1.6
 (always fp16) and DeepSpeed 0.19.8 (`ns_compute_dtype("gram")`: fp16 "for better precision than bf16")
 do. The Gram form is not backward stable the way the standard one is: Q = p(R) is formed from the
@@ -69,19 +74,6 @@ honest result has ||X||_F < 1.2 sqrt(m)."""
 
 
 @dataclass
-class GramStats:
-    """Counts of one orthogonalizer's work: matrices computed by the Gram iteration, and how many
-    of them diverged and were recomputed with the standard iteration."""
-
-    gram: int = 0
-    fallbacks: int = 0
-
-
-STATS = GramStats()
-"""This process's counts for every optimizer's Gram Newton–Schulz (read, or reset, by whoever watches)."""
-
-
-@dataclass
 class DeferredChecks:
     """The divergence checks of Gram results computed inside `deferred_checks()` (a CUDA-graph capture,
     or an eager megabatch whose flag is read later): one device flag per call, true when any of its
@@ -96,19 +88,20 @@ class DeferredChecks:
         return torch.stack(self.flags).any()
 
 
-_DEFERRED: list[DeferredChecks] = []
+_DEFERRED: ContextVar[DeferredChecks | None] = ContextVar("optimizers.gram_newton_schulz.deferred", default=None)
+"""The innermost `deferred_checks` of this thread and context."""
 
 
 @contextlib.contextmanager
 def deferred_checks() -> Iterator[DeferredChecks]:
     """Within: gram_newton_schulz records its divergence flags here instead of reading them (no host
-    synchronisation, no fallback, no STATS counts)."""
+    synchronisation, no fallback, nothing counted: whoever reads the flags counts)."""
     checks = DeferredChecks()
-    _DEFERRED.append(checks)
+    token = _DEFERRED.set(checks)
     try:
         yield checks
     finally:
-        _DEFERRED.pop()
+        _DEFERRED.reset(token)
 
 
 def read_flags(checks: Sequence[DeferredChecks]) -> list[bool]:
@@ -151,60 +144,68 @@ def takes_gram_iteration(rows: int, cols: int) -> bool:
 
 
 def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.dtype,
-               norms: torch.Tensor | None = None) -> torch.Tensor:
+               norms: torch.Tensor | None = None, kernels: Kernels = TORCH) -> torch.Tensor:
     """X / (scale ||X||_F + eps) per matrix, formed in at least fp32 and then rounded to
     `compute_dtype`: an fp16 cast before normalising would overflow gradients above 65504. `norms`: the
-    norms [B], already known (else formed here)."""
+    norms [B], already known, in at least x's precision (else formed here); `kernels`: optimizers/kernels.py.
+    A matrix whose entries (or known norm) could overflow the norm is scaled down by a power of two first
+    (optimizers/norms.py)."""
     wide = torch.promote_types(x.dtype, torch.float32)
-    x = x.to(wide)
-    norm = frobenius(x, (-2, -1), keepdim=True) if norms is None else norms.view(-1, 1, 1)
-    denominator = norm * scale + eps
+    if norms is None:
+        power = downscale(x, (-2, -1), entry_limit(x.size(-2) * x.size(-1), wide, scale))
+    else:
+        known = norms.view(-1, 1, 1)
+        power = scale_of(known, norm_limit(wide, scale))
+    x = torch.mul(x, power, out=torch.empty_like(x, dtype=wide))
+    norm = frobenius(x, (-2, -1), keepdim=True) if norms is None else (known * power).to(wide)
+    divisor = denominator(norm, scale, eps, power)
     if compute_dtype == wide:
-        return x / denominator
+        return x / divisor
     # one pass: the quotient is formed in `wide` and rounded to `compute_dtype` as it is written (the bits
-    # of dividing, then casting), in x's memory layout, as the two passes wrote it; on large fp32 stacks with
-    # optimizers.elementwise.TRITON, by the fused kernel (the same bits)
-    fused = elementwise.divide(x, denominator, compute_dtype)
-    return torch.div(x, denominator, out=torch.empty_like(x, dtype=compute_dtype)) if fused is None else fused
+    # of dividing, then casting), in x's memory layout, as the two passes wrote it; on fp32 stacks where `kernels`
+    # allow, by the fused kernel (the same bits)
+    fused = elementwise.divide(x, divisor, compute_dtype, kernels)
+    return torch.div(x, divisor, out=torch.empty_like(x, dtype=compute_dtype)) if fused is None else fused
 
 
-def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients]) -> torch.Tensor:
+def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], kernels: Kernels = TORCH) -> torch.Tensor:
     """The standard iteration X <- (aI + bA + cA²)X, A = X Xᵀ, on wide matrices x [B, m, n]
-    (A and the polynomial by their lower block triangles, optimizers/symmetric.py)."""
+    (A and the polynomial by their lower block triangles or the Triton kernel, optimizers/symmetric.py)."""
     for a, b, c in coefficients:
-        gram = symmetric_bmm(x, x.mT)
-        x = polynomial_product(gram, x, a, b, c)
+        gram = symmetric_bmm(x, x.mT, kernels=kernels)
+        x = polynomial_product(gram, x, a, b, c, kernels)
     return x
 
 
-def gram_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], restarts: Sequence[int]) -> torch.Tensor:
+def gram_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], restarts: Sequence[int],
+               kernels: Kernels = TORCH) -> torch.Tensor:
     """The Gram iteration on wide matrices x [B, m, n] (m < n), restarting before each step in `restarts`.
 
     R, Z, Q and the products updating them are polynomials in one symmetric matrix (they commute), so
-    each is symmetric and formed by its lower block triangle (optimizers/symmetric.py). Where the Triton
-    kernel takes the products (`adds_identity`), it forms W = aI + Z in one rounding and the updates are
+    each is symmetric and formed by its lower block triangle (optimizers/symmetric.py). Where `kernels` let the
+    Triton kernel take the products (`adds_identity`), it forms W = aI + Z in one rounding and the updates are
     plain products, Q W and (R W) W; elsewhere Q Z + aQ, R Z + aR, as the published versions round them."""
-    r = symmetric_bmm(x, x.mT)
+    r = symmetric_bmm(x, x.mT, kernels=kernels)
     q: torch.Tensor | None = None
     last = len(coefficients) - 1
-    fused = adds_identity(r)
+    fused = adds_identity(r, kernels)
     for i, (a, b, c) in enumerate(coefficients):
         if i in restarts and q is not None:
             x = q @ x
-            r = symmetric_bmm(x, x.mT)
+            r = symmetric_bmm(x, x.mT, kernels=kernels)
             q = None
         update_r = i < last and i + 1 not in restarts
         if fused:
-            w = polynomial_with_identity(r, a, b, c)
-            q = w if q is None else symmetric_bmm(q, w)
+            w = polynomial_with_identity(r, a, b, c, kernels)
+            q = w if q is None else symmetric_bmm(q, w, kernels=kernels)
             if update_r:
-                r = symmetric_bmm(symmetric_bmm(r, w), w)
+                r = symmetric_bmm(symmetric_bmm(r, w, kernels=kernels), w, kernels=kernels)
             continue
-        z = symmetric_baddbmm(r, r, r, beta=b, alpha=c)
-        q = plus_identity(z, a) if q is None else symmetric_baddbmm(q, q, z, beta=a)
+        z = symmetric_baddbmm(r, r, r, beta=b, alpha=c, kernels=kernels)
+        q = plus_identity(z, a) if q is None else symmetric_baddbmm(q, q, z, beta=a, kernels=kernels)
         if update_r:
-            rz = symmetric_baddbmm(r, z, r, beta=a)
-            r = symmetric_baddbmm(rz, z, rz, beta=a)
+            rz = symmetric_baddbmm(r, z, r, beta=a, kernels=kernels)
+            r = symmetric_baddbmm(rz, z, rz, beta=a, kernels=kernels)
     return x if q is None else q @ x
 
 
@@ -224,14 +225,17 @@ def _rounded(a: float, dtype: torch.dtype) -> float:
 
 def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], scale: float, eps: float,
                        compute_dtype: torch.dtype, restarts: Sequence[int] = RESTARTS,
-                       stats: GramStats | None = None, out_dtype: torch.dtype | None = None,
-                       norms: torch.Tensor | None = None) -> torch.Tensor:
+                       out_dtype: torch.dtype | None = None, norms: torch.Tensor | None = None,
+                       kernels: Kernels = TORCH) -> torch.Tensor:
     """orth(x) for a stack x [B, m, n] by Gram Newton–Schulz in `compute_dtype` (the iteration itself in
     `iteration_dtype(compute_dtype)`), returned in `out_dtype` (default x's dtype).
 
     `coefficients`: one (a, b, c) per step; `scale`, `eps`: the normaliser scale ||X||_F + eps;
     `restarts`: steps before which X and R are re-formed (0 and indices past the schedule do nothing);
-    `norms`: the Frobenius norms [B] of x's matrices, already known (`normalised`).
+    `norms`: the Frobenius norms [B] of x's matrices, already known (`normalised`); `kernels`: the Triton
+    kernels it may take (optimizers/kernels.py). Matrices of the Gram iteration and divergence fallbacks are
+    counted in the current counting scope (optimizers/counters.py); the first fallback of a scope (or any
+    outside one) warns.
     """
     if x.ndim != 3:
         raise ValueError(f"expected a stack of matrices [B, m, n], got shape {tuple(x.shape)}")
@@ -241,26 +245,39 @@ def gram_newton_schulz(x: torch.Tensor, coefficients: Sequence[Coefficients], sc
     oriented = x.mT if tall else x
     m, n = oriented.shape[-2:]
     if not takes_gram_iteration(m, n) or oriented.numel() == 0:
-        out = standard_steps(normalised(oriented, scale, eps, compute_dtype, norms), coefficients)
+        out = standard_steps(normalised(oriented, scale, eps, compute_dtype, norms, kernels), coefficients, kernels)
     else:
-        out = gram_steps(normalised(oriented, scale, eps, iteration_dtype(compute_dtype), norms), coefficients,
-                         restarts)
+        out = gram_steps(normalised(oriented, scale, eps, iteration_dtype(compute_dtype), norms, kernels),
+                         coefficients, restarts, kernels)
         sizes = torch.linalg.vector_norm(out, dim=(-2, -1), dtype=torch.promote_types(out.dtype, torch.float32))
         # not (finite and <= the bound), in one comparison: NaN compares false, +inf exceeds the bound
         bad = sizes.le(DIVERGED * m**0.5).logical_not_()
-        if _DEFERRED:
-            _DEFERRED[-1].flags.append(bad.any())
-            _DEFERRED[-1].matrices += out.size(0)
+        deferred = _DEFERRED.get()
+        if deferred is not None:
+            deferred.flags.append(bad.any())
+            deferred.matrices += out.size(0)
             return as_dtype(out.mT if tall else out, out_dtype or x.dtype)
+        stats = counters.current()
         if stats is not None:
             stats.gram += out.size(0)
         if bool(bad.any()):
             out = out.to(torch.promote_types(out.dtype, compute_dtype), copy=True)  # fp16 and bf16: fp32
-            again = normalised(oriented[bad], scale, eps, compute_dtype, None if norms is None else norms[bad])
-            out[bad] = standard_steps(again, coefficients).to(out.dtype)
-            if stats is not None:
-                stats.fallbacks += int(bad.sum())
+            again = normalised(oriented[bad], scale, eps, compute_dtype, None if norms is None else norms[bad],
+                               kernels)
+            out[bad] = standard_steps(again, coefficients, kernels).to(out.dtype)
+            fallback(int(bad.sum()), stats)
     return as_dtype(out.mT if tall else out, out_dtype or x.dtype)
+
+
+def fallback(count: int, stats: counters.Stats | None) -> None:
+    """Count `count` diverged results recomputed by the standard iteration in `stats`; warn at the first of
+    `stats` (or at any, outside a counting scope): a fallback changes the arithmetic of the step."""
+    if stats is None or stats.fallbacks == 0:
+        warnings.warn(f"Gram Newton-Schulz: {count} result(s) diverged (not finite, or ||X||_F above "
+                      f"{DIVERGED} sqrt(m)) and were recomputed by the standard iteration; an optimizer counts "
+                      f"them in its stats.fallbacks (this warning: its first)", RuntimeWarning, stacklevel=2)
+    if stats is not None:
+        stats.fallbacks += count
 
 
 def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

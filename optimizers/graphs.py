@@ -1,4 +1,4 @@
-"""One CUDA graph per plan for its small megabatch orthogonalizations (`Muon(cuda_graphs=True)`).
+"""One CUDA graph per plan for its small megabatch orthogonalizations (the group option `cuda_graphs=True`).
 
 A polynomial orthogonalization of one megabatch is ~30 kernel launches (normalise, then per step
 X Xᵀ, bA + cA², and the product with X); on sets of many small matrices (GPT-2 small, ConvNeXt) a
@@ -11,17 +11,19 @@ rows of one momentum block (optimizers/plan.py's momentum_block, Muon without Ne
 itself, read where it lies) and writes a fixed output buffer (read by the step's apply before the next
 replay, which comes only in the next step, on the same stream).
 
-Captured: a megabatch in one process (no exchange) on CUDA, of an algorithm whose matrix stages are
-Muon's whole-matrix select and `orthogonalize_group` (Muon, NorMuon), with an orthogonalizer in
-`CAPTURED` and at most `MAX_NUMEL` elements per stack (above that the GPU is the bound and a graph
-would only hold memory). Gram Newton–Schulz reads a divergence flag on the host, which a graph
+Captured: a megabatch in one process (no exchange) on CUDA of a group with cuda_graphs=True whose matrix
+stages select every matrix whole and declare an orthogonalize stage that reads only its input and that a graph
+may capture (optimizers/algorithms/stages.py `Orthogonalize.captured`: Muon's and NorMuon's, with an
+orthogonalizer in optimizers.algorithms.muon.CAPTURED, and wrappings of it), with at most `MAX_NUMEL` elements
+per stack (above that the GPU is the bound and a graph would only hold memory); optimizers/plan.py decides it
+(`Paths.graphs`, `capturable`). Gram Newton–Schulz reads a divergence flag on the host, which a graph
 cannot: under capture it records each megabatch's flags on the device instead
 (gram_newton_schulz.deferred_checks), and they are read together after the replay, before any result
 is applied (one synchronisation per step; eager reads one per megabatch, behind the next megabatch's work:
 optimizers/plan.py `Pending`); a megabatch whose
 matrices diverged is recomputed eagerly, where the standard-iteration fallback runs.
-Not captured: SVD (cuSOLVER checks its info on the host) and every other algorithm; these run
-eagerly as before. A graph replays exactly the kernels the eager calls run, on the same inputs, each
+Not captured: SVD (cuSOLVER checks its info on the host), undeclared stages and every other algorithm;
+these run eagerly as before. A graph replays exactly the kernels the eager calls run, on the same inputs, each
 megabatch's in its own order on one stream, so its results are the eager ones bit for bit.
 
 The graph belongs to one validated plan (optimizers/plan.py): a new plan (a changed parameter, option or
@@ -29,7 +31,7 @@ state entry) starts with none. A plan's first step runs eagerly; its second capt
 warm-up runs of the same streams, as torch's CUDA-graph notes ask); later steps replay. A capture that
 fails leaves the plan eager for its lifetime: the step still completes (its checks ran before).
 
-Measured on one H200 (torch 2.11; benchmarks/results/2026-11-30-h200-torch2.11.0-graph-streams/):
+Measured on one H200 (torch 2.11; docs/performance.md §4):
 every capturable megabatch of ConvNeXt-T (17) in one graph took 2.59 ms on one stream, 2.04 / 1.83 /
 1.88 ms on 2 / 4 / 8 (Polar Express; Gram Newton–Schulz 2.71, 1.89, 1.57, 1.51); GPT-2 small's 4
 megabatches 4.50, 4.37, 4.59, 4.50 ms (Gram: 3.31, 3.09, 3.07, 3.13).
@@ -42,13 +44,8 @@ from typing import Callable
 
 import torch
 
+from optimizers import counters
 from optimizers import gram_newton_schulz as gram
-from optimizers.algorithms.base import Algorithm, select_all
-from optimizers.algorithms.muon import orthogonalize_group
-
-CAPTURED = ("polar_express", "newton_schulz", "gram_newton_schulz")
-"""Orthogonalizers whose megabatch update can be captured: the polynomials have no host
-synchronisation; Gram Newton–Schulz's divergence check is deferred past the replay."""
 
 MAX_NUMEL = 1 << 25
 """Largest stack (elements) captured: 32 Mi elements, e.g. 12 GPT-2 MLP matrices 3072 x 768 (28 Mi)."""
@@ -64,17 +61,15 @@ Key = tuple[int, int]
 Update = Callable[[torch.Tensor], torch.Tensor]
 
 
-def capturable(algorithm: Algorithm, group: dict, stack: torch.Tensor) -> bool:
-    """True when `group`'s megabatch update of `stack` (one process, no exchange) may be captured:
-    on CUDA, and `captures` says so."""
-    return stack.device.type == "cuda" and captures(algorithm, group, stack.numel())
+def capturable(stack: torch.Tensor) -> bool:
+    """True when a megabatch update of `stack`, of a group whose stages a graph may capture (optimizers/plan.py
+    `Paths.graphs`), may be captured: on CUDA, and `fits`."""
+    return stack.device.type == "cuda" and fits(stack.numel())
 
 
-def captures(algorithm: Algorithm, group: dict, numel: int) -> bool:
-    """The device-free rule (module docstring): Muon's matrix stages, an orthogonalizer in CAPTURED,
-    1 to MAX_NUMEL elements."""
-    return (algorithm.select is select_all and algorithm.orthogonalize is orthogonalize_group
-            and group["orthogonalizer"] in CAPTURED and 0 < numel <= MAX_NUMEL)
+def fits(numel: int) -> bool:
+    """The device-free part of `capturable`: a stack of 1 to MAX_NUMEL elements."""
+    return 0 < numel <= MAX_NUMEL
 
 
 def stacked_block(members: list[torch.Tensor]) -> torch.Tensor | None:
@@ -133,7 +128,7 @@ class PlanGraphs:
         """The megabatch's update of `directions` now (eager), or None: it waits for `flush`."""
         member = self.members.get(key, False)
         block = stacked_block(directions)
-        if block is not None and not eligible(block):  # only Muon's read-only stages may see the live block
+        if block is not None and not eligible(block):  # an uncapturable block: a fresh stack, run eagerly below
             block = None
         if member:
             if member.static and block is not member.input:  # not the captured block: eager
@@ -171,13 +166,15 @@ class PlanGraphs:
 
     def _settle(self, waiting: dict[Key, Member]) -> dict[Key, torch.Tensor]:
         """The members' outputs, but for those whose Gram flags say a matrix diverged: recomputed eagerly
-        (one synchronisation for all flags); the others' Gram matrices are counted in gram.STATS."""
+        (one synchronisation for all flags), where the fallback runs and counts; the others' Gram matrices are
+        counted in the current counting scope (optimizers/counters.py)."""
         out = {key: m.output for key, m in waiting.items()}
+        stats = counters.current()
         for (key, m), diverged in zip(waiting.items(), gram.read_flags([m.checks for m in waiting.values()])):
             if diverged:
                 out[key] = m.update(m.input)
-            else:
-                gram.STATS.gram += m.checks.matrices
+            elif stats is not None:
+                stats.gram += m.checks.matrices
         return out
 
     def _capture(self, members: list[Member]) -> None:

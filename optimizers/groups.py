@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from optimizers import kernels
 from optimizers.algorithms import Algorithm, resolve
 from optimizers.validation import check_real
 
@@ -28,10 +29,25 @@ def check_scalars(index: int, group: dict[str, Any]) -> None:
         check_real(f"param group {index}", name, group[name], 0.0)
 
 
+EXECUTION = ("fused", "cuda_graphs")
+"""The options every group has that choose how its step runs (optimizers/muon.py's Args): `fused`, the Triton
+kernels (optimizers/kernels.py); `cuda_graphs`, one CUDA graph per plan (optimizers/graphs.py)."""
+
+
+def check_execution(index: int, group: dict[str, Any]) -> None:
+    """fused is None or a bool, and with True the kernels reach every parameter (kernels.check); cuda_graphs is
+    a bool."""
+    where = f"param group {index}"
+    kernels.check(where, group["fused"], group["params"])
+    if not isinstance(group["cuda_graphs"], bool):
+        raise TypeError(f"{where}: cuda_graphs must be a bool, got {group['cuda_graphs']!r}")
+
+
 def check_group(index: int, group: dict[str, Any]) -> Algorithm:
     """Validate one parameter group with its defaults filled in; returns its algorithm record."""
     where = f"param group {index}"
     algorithm = resolve(where, group.get("algorithm"))
     check_scalars(index, group)
     algorithm.validate(where, group)
+    check_execution(index, group)
     return algorithm

@@ -8,7 +8,7 @@ launch instead of running it, and `on_device` lets meta tensors stand in for CUD
 run on meta tensors (optimizers/plan.py `compile_ahead`) lists exactly the launches the real one will
 make; `compile_all` then compiles them on a thread pool (Triton's compiler releases the GIL for most of
 its passes and its ptxas and launcher builds are subprocesses: 8 compiles took 2.17 s on 8 threads
-against 5.86 s one by one, benchmarks/results/2026-12-01-h200-torch2.11.0-first-step/).
+against 5.86 s one by one, docs/performance.md §5).
 `compile_in_background` runs `compile_all` on a thread of its own, for kernels a stand-in of the same bits
 replaces until they are compiled (optimizers/plan.py `compile_for`).
 """
@@ -19,6 +19,7 @@ import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -38,20 +39,30 @@ class Launch:
     options: dict
 
 
-_RECORDED: list[list[Launch]] = []
+@dataclass(frozen=True)
+class _Rehearsal:
+    """An open `recording()`: the launches noted so far, and the device its meta tensors stand in for."""
+
+    noted: list[Launch]
+    device: torch.device | None
+
+
+_REHEARSAL: ContextVar[_Rehearsal | None] = ContextVar("optimizers.launches.rehearsal", default=None)
+"""The innermost open `recording()` of this thread and context (None: launches run)."""
 
 
 def launch(kernel: Any, grid: tuple, *args: Any, **options: Any) -> None:
     """`kernel[grid](*args, **options)`, or, within `recording()`, the note of it."""
-    if _RECORDED:
-        _RECORDED[-1].append(Launch(kernel, tuple(grid), args, options))
+    rehearsal = _REHEARSAL.get()
+    if rehearsal is not None:
+        rehearsal.noted.append(Launch(kernel, tuple(grid), args, options))
         return
     kernel[grid](*args, **options)
 
 
 def noting() -> bool:
-    """True within `recording()`: what runs is a rehearsal, which counts and caches nothing."""
-    return bool(_RECORDED)
+    """True within `recording()`: what runs is a rehearsal, which reads, caches and counts nothing."""
+    return _REHEARSAL.get() is not None
 
 
 def on_device(t: torch.Tensor) -> bool:
@@ -59,15 +70,25 @@ def on_device(t: torch.Tensor) -> bool:
     return t.is_cuda or (noting() and t.is_meta)
 
 
+def device_of(t: torch.Tensor) -> torch.device:
+    """The device `t` lies on, or, for a meta tensor within `recording(device)`, the device it stands in for
+    (the options a device decides, such as the default compute dtype, are the real device's)."""
+    rehearsal = _REHEARSAL.get()
+    if t.is_meta and rehearsal is not None and rehearsal.device is not None:
+        return rehearsal.device
+    return t.device
+
+
 @contextlib.contextmanager
-def recording() -> Iterator[list[Launch]]:
-    """Within: launches are noted in the yielded list, in order, and not run."""
+def recording(device: torch.device | None = None) -> Iterator[list[Launch]]:
+    """Within: launches are noted in the yielded list, in order, and not run; meta tensors stand in for
+    tensors on `device` (`device_of`)."""
     noted: list[Launch] = []
-    _RECORDED.append(noted)
+    token = _REHEARSAL.set(_Rehearsal(noted, device))
     try:
         yield noted
     finally:
-        _RECORDED.pop()
+        _REHEARSAL.reset(token)
 
 
 def signature(item: Any) -> Any:
@@ -104,7 +125,8 @@ def distinct(launches: list[Launch]) -> list[Launch]:
 
 
 COMPILED: set[tuple] = set()
-"""The specializations `compile_all` compiled in this process."""
+"""The specializations `compile_all` compiled in this process: a record of Triton's own per-process kernel
+cache (what a launch would find compiled), kept so that a plan compiles ahead only what is missing."""
 
 
 def compiled(item: Launch) -> bool:
@@ -114,7 +136,7 @@ def compiled(item: Launch) -> bool:
 
 FAILURES: list[str] = []
 """Kernels `compile_all` could not compile ahead in this process, with the error (their real launch then
-compiles them, or fails as it always would)."""
+compiles them, or fails as it always would): a log of the process's compiles, read by tests and benchmarks."""
 
 
 def compile_all(launches: list[Launch], device: torch.device) -> int:
@@ -156,7 +178,8 @@ def compile_all(launches: list[Launch], device: torch.device) -> int:
 
 
 BACKGROUND: list[threading.Thread] = []
-"""Compiles started by `compile_in_background` (a daemon thread each: a process may exit before one ends)."""
+"""Compiles started by `compile_in_background` and not yet waited for (a daemon thread each: a process may exit
+before one ends): the process's compile threads, as Triton's compiles are the process's."""
 
 
 def compile_in_background(launches: list[Launch], device: torch.device, done: Callable[[], None]) -> None:

@@ -4,15 +4,40 @@ learning-rate scale that goes with that view.
 flatten=True:  [N, out, *rest] -> [N, out, prod(rest)]  (stack axis kept: never [N, numel])
 flatten=False: [N, *lead, m, n] -> [N * prod(lead), m, n] (a batch of trailing matrices)
 num_heads=h:   [N, h * head_dim, n] -> [N * h, head_dim, n]  (2-D parameters: one matrix per head)
+
+`View` holds a group's choice of these (an algorithm record's `view` accessor gives it: optimizers/algorithms/).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 ADJUST_LR = ("spectral_norm", "rms_norm", None)
+
+
+@dataclass(frozen=True)
+class View:
+    """How a matrix group's parameters are seen as matrices (`flatten`; `num_heads`: a 2-D parameter as its head
+    blocks, None: whole) and, when TP-sharded, orthogonalized (`tp_mode`: optimizers/tensor_parallel.py)."""
+
+    flatten: bool
+    num_heads: int | None = None
+    tp_mode: str = "gather"
+
+    def matrices(self, stack: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """`as_matrices` of a stack [k, *piece] of members of global `shape` (whole, or TP shards)."""
+        return as_matrices(stack, self.flatten, None if self.num_heads is None else shape[0] // self.num_heads)
+
+    def dims(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """`matrix_dims` of a parameter of `shape`."""
+        return matrix_dims(shape, self.flatten, self.num_heads)
+
+    def count(self, shape: tuple[int, ...]) -> int:
+        """`matrix_count` of a parameter of `shape`."""
+        return matrix_count(shape, self.flatten, self.num_heads)
 
 
 def as_matrices(stack: torch.Tensor, flatten: bool, head_dim: int | None = None) -> torch.Tensor:

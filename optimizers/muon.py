@@ -3,6 +3,8 @@
 Matrix algorithms (Muon, NorMuon) are megabatched: parameters of one group with the same shape,
 dtype, device and placements are stacked and orthogonalized in one batched call. The stack axis
 is never merged with the matrix axes, so each parameter gets exactly the update it gets alone.
+How a group steps (the Triton kernels, CUDA graphs) is its own options' choice, never a process
+global: a changed option makes a fresh, validated plan.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import torch
 
 from optimizers import checkpoint, distributed, plan, tensor_parallel
 from optimizers.agreement import agree
-from optimizers.algorithms import ADAMW, MUON, NORMUON, REGISTRY, Algorithm, resolve
+from optimizers.algorithms import REGISTRY, Algorithm, resolve
+from optimizers.algorithms.adamw import ADAMW
+from optimizers.algorithms.muon import MUON
+from optimizers.counters import Stats, counting
 from optimizers.graphs import PlanGraphs
 from optimizers.groups import check_group, check_scalars, filled
 from optimizers.validation import check_layouts
-
-OPTIONS = frozenset(k for a in REGISTRY.values() for k in a.defaults)
-"""Options the constructor takes beyond its named ones: those of every registered algorithm."""
 
 
 class Muon(torch.optim.Optimizer):
@@ -36,7 +38,8 @@ class Muon(torch.optim.Optimizer):
       orthogonalizer: "polar_express", "newton_schulz", "gram_newton_schulz" or "svd".
       ns_coefficients, gram_restarts: the schedule of "gram_newton_schulz" ("polar_express", the default, or
         "newton_schulz") and the steps before which it restarts (default (2,), as published); its divergences
-        are recomputed by the standard iteration and counted in optimizers.gram_newton_schulz.STATS.
+        are recomputed by the standard iteration, counted in `stats.fallbacks` and warned of at the first
+        (RuntimeWarning).
       ns_steps: polynomial steps (default 5).
       compute_dtype: dtype of the orthogonalization (default bf16 on CUDA, fp32 elsewhere); asked for bf16,
         "gram_newton_schulz" iterates in fp16 as the published versions do (gram_newton_schulz.HALF_ITERATES).
@@ -49,28 +52,47 @@ class Muon(torch.optim.Optimizer):
         they differ, or that one rank rejects, raises on every rank before any rank writes
         (optimizers/agreement.py).
       betas, adamw_eps: hyper-parameters of "adamw" groups.
-      beta2, variance_eps: row second-moment decay and epsilon of "normuon" groups.
       algorithm: the default group algorithm: a registered name ("muon", "normuon", "adamw") or an
-        `Algorithm` record (optimizers/algorithms/base.py).
+        `Algorithm` record (optimizers/algorithms/base.py); a variant that wraps a stock stage with
+        `before`/`after` keeps its fast paths (optimizers/algorithms/stages.py).
       tp_mode: "gather" (default: the whole matrix is orthogonalized, the unsharded update) or "per_shard"
         (each TP shard alone, as DeepSpeed's AutoTP; lr scale still from the global shape), for
         parameters sharded on the mesh dim named `tp_dim` (default "tp"); also a group option.
       num_heads: group option: orthogonalize a 2-D [num_heads * head_dim, in] parameter as num_heads
         [head_dim, in] blocks, lr scale from the head block (None: the whole matrix).
-      cuda_graphs: replay the orthogonalizations of the small single-process megabatches on CUDA from one
-        CUDA graph per plan, one launch instead of ~30 per megabatch, the megabatches side by side on
-        parallel streams (polynomial orthogonalizers only; the same bits as eager; optimizers/graphs.py).
-        Default False.
-      options: options of other registered algorithms; a group's missing options default from its record.
+      fused: group option, as torch.optim's: None (default) takes the Triton kernels (symmetric products
+        of bf16/fp16 stacks; the momentum, apply and normaliser passes over fp32 tensors) where they are
+        correct and faster: on CUDA with triton installed, from the sizes symmetric.TRITON_ROWS and
+        elementwise.MIN_NUMEL; elsewhere none (a CPU step is the torch step, bit for bit). True takes them
+        at every size and raises ValueError (at construction, or at the step whose plan meets it, before
+        any write) where they cannot run: triton not importable, a parameter not on CUDA (CPU only under
+        TRITON_INTERPRET=1). False never takes them (optimizers/kernels.py). The kernels' elementwise
+        passes give the torch passes' bits; their products round W = aI + bA + cA² once, each judged
+        against the oracle. There is no `foreach` option: the batched torch._foreach_* passes are taken
+        wherever they give the per-parameter bits (fp32/fp64 tensors, stages that declare them), the
+        per-parameter passes elsewhere.
+      cuda_graphs: group option: replay the orthogonalizations of the group's small single-process
+        megabatches on CUDA from the plan's one CUDA graph, one launch instead of ~30 per megabatch, the
+        megabatches side by side on parallel streams (polynomial orthogonalizers only; the same bits as
+        eager; optimizers/graphs.py). Per group: the graph holds the megabatches of the groups that ask
+        for it, and the others run eagerly beside it. Off CUDA it changes nothing. Default False.
+      options: options of the other registered algorithms (NorMuon's beta2 and variance_eps, Dion2's
+        fraction, ef_decay and selection_scope); a group's missing options default from its record.
+
+    `stats` (optimizers/counters.py) counts what the steps computed: Gram Newton–Schulz's matrices and
+    divergence fallbacks, the Triton kernel's products.
+
+    A NaN or inf gradient element is written into the parameter, as torch.optim does, and stays in the
+    state; never skipped, and never silently dropped (the policy: optimizers/algorithms/base.py).
 
     Raises ValueError/TypeError before touching anything on bad options or parameters. `step()` is
     all or nothing: every check runs before its first write (optimizers/plan.py), and the validated
-    plan is reused until a parameter, gradient kind, group option or state entry changes.
+    plan is reused until a parameter, gradient kind, group option or state entry changes; a changed
+    option is validated and compiled ahead as a new plan is.
     """
 
     _cached: _Cached | None = None  # the last validated plan (a class default: survives copy and pickle)
     _tp_dim: str = "tp"
-    _cuda_graphs: bool = False
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = MUON.defaults["momentum"],
                  nesterov: bool = MUON.defaults["nesterov"], weight_decay: float = 0.0,
@@ -80,25 +102,31 @@ class Muon(torch.optim.Optimizer):
                  compute_dtype: torch.dtype | None = MUON.defaults["compute_dtype"],
                  eps: float = MUON.defaults["eps"], mesh: Any = None,
                  betas: tuple[float, float] = ADAMW.defaults["betas"],
-                 adamw_eps: float = ADAMW.defaults["adamw_eps"], beta2: float = NORMUON.defaults["beta2"],
-                 variance_eps: float = NORMUON.defaults["variance_eps"], algorithm: str | Algorithm = "muon",
-                 tp_mode: str = MUON.defaults["tp_mode"], tp_dim: str = "tp", cuda_graphs: bool = False,
-                 **options: Any) -> None:
-        unknown = sorted(set(options) - OPTIONS)
+                 adamw_eps: float = ADAMW.defaults["adamw_eps"], algorithm: str | Algorithm = "muon",
+                 tp_mode: str = MUON.defaults["tp_mode"], tp_dim: str = "tp", fused: bool | None = None,
+                 cuda_graphs: bool = False, **options: Any) -> None:
+        known = {k for a in REGISTRY.values() for k in a.defaults}
+        unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"Muon() got unknown options {unknown}; known: {sorted(OPTIONS)}")
+            raise TypeError(f"Muon() got unknown options {unknown}; known: {sorted(known)}")
         if not isinstance(tp_dim, str):
             raise TypeError(f"Muon(tp_dim=...) must be a mesh dim name (str), got {tp_dim!r}")
-        if not isinstance(cuda_graphs, bool):
-            raise TypeError(f"Muon(cuda_graphs=...) must be a bool, got {cuda_graphs!r}")
-        self._cuda_graphs = cuda_graphs
         self._group = distributed.process_group(mesh)
         self._tp_dim = tp_dim
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         adjust_lr=adjust_lr, flatten=flatten, orthogonalizer=orthogonalizer,
                         ns_steps=ns_steps, compute_dtype=compute_dtype, eps=eps, algorithm=algorithm, tp_mode=tp_mode,
-                        betas=betas, adamw_eps=adamw_eps, beta2=beta2, variance_eps=variance_eps, **options)
+                        betas=betas, adamw_eps=adamw_eps, fused=fused,
+                        cuda_graphs=cuda_graphs, **options)
         super().__init__(params, defaults)
+
+    @property
+    def stats(self) -> Stats:
+        """What this optimizer's steps computed (optimizers/counters.py); made at first use, so that a copy
+        or an unpickled optimizer (torch's state holds only defaults, state and groups) counts anew."""
+        if "_stats" not in self.__dict__:
+            self._stats = Stats()
+        return self._stats
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Validate the group (defaults filled in) before it joins the optimizer."""
@@ -109,8 +137,9 @@ class Muon(torch.optim.Optimizer):
         algorithm = check_group(index, merged)
         if not algorithm.elementwise:  # an elementwise algorithm steps any DTensor layout as it is
             check_layouts(f"param group {index}", merged["params"], self._group, algorithm.check_layout)
+            view = algorithm.view(merged)
             for i, p in enumerate(merged["params"]):
-                tensor_parallel.check_heads(f"param group {index}", i, p, merged, self._tp_dim)
+                tensor_parallel.check_heads(f"param group {index}", i, p, view, self._tp_dim)
         super().add_param_group({**merged, "params": param_group["params"]})
 
     def state_dict(self) -> dict[str, Any]:
@@ -137,22 +166,24 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         """One step for every parameter that has a gradient, all or nothing: every check runs before
         the first write (optimizers/plan.py); under a process group every rank checks that every
-        rank accepted its step and steps the same parameters (optimizers/agreement.py)."""
+        rank accepted its step and steps the same parameters (optimizers/agreement.py). Counted in
+        `stats`."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        plans = self._plan()
-        graphs = self._cached.graphs if self._cuda_graphs else None
-        plan.execute(plans, self.state, graphs)
-        if graphs is not None:
-            graphs.armed = True
+        with counting(self.stats):
+            plans = self._plan()
+            graphs = self._cached.graphs
+            plan.execute(plans, self.state, graphs)
+        graphs.armed = True
         return loss
 
     def _plan(self) -> list[plan.GroupPlan]:
         """The validated plan of this step: the cached one while its key holds (lr and weight_decay
-        checked anew), else a new one, whose Triton kernels (when switched on) are compiled side by side
-        before it runs (plan.compile_ahead); under a process group, only once every rank agrees."""
+        checked anew), else a new one, whose Triton kernels (where its groups' `fused` takes them) are
+        compiled side by side before it runs (plan.compile_ahead); under a process group, only once every
+        rank agrees."""
         key, held = plan.cache_key(self.param_groups, self.state)
         cached, error, fresh = self._cached, None, False
         if cached is not None and cached.key == key:
@@ -187,8 +218,8 @@ class Muon(torch.optim.Optimizer):
 @dataclass(frozen=True)
 class _Cached:
     """A validated plan and what it was made from (optimizers.plan.cache_key); `held` keeps the state
-    tensors the key names by id alive, so their ids cannot be reused; `graphs`: the plan's CUDA graphs
-    (used with cuda_graphs=True)."""
+    tensors the key names by id alive, so their ids cannot be reused; `graphs`: the plan's CUDA graph
+    (of the megabatches of its groups with cuda_graphs=True)."""
 
     key: tuple
     held: list
@@ -196,13 +227,3 @@ class _Cached:
     fingerprint: list[tuple]
     digest: int
     graphs: PlanGraphs
-
-
-class NorMuon(Muon):
-    """Muon whose groups default to algorithm "normuon" (Li et al., 2025, arXiv:2510.05491):
-    the orthogonalized update's rows are normalised by a running second moment, then its
-    Frobenius norm is restored (optimizers/algorithms/normuon.py). Takes every Muon option, plus
-    beta2 (default 0.95) and variance_eps (default 1e-8)."""
-
-    def __init__(self, params: Iterable[Any], **options: Any) -> None:
-        super().__init__(params, **{"algorithm": "normuon", **options})

@@ -9,6 +9,13 @@ matrix came out 4.9e-4 off the fp64 iteration (the harness's `gpu` tier flagged 
 So on CPU a norm over CASCADE_FROM elements or more is torch.sum's sum of squares; smaller ones (every CI and
 nightly matrix: at most 36,864 elements, where the measured tolerance coefficients absorb torch's few u),
 CUDA's tree reductions and fp64 keep torch's norm.
+
+Overflow: the normaliser X / (factor ||X||_F + eps) squares every entry, so its sum of squares overflows
+from entries of about sqrt(max / count) (fp32: 2^57 for 64 x 256; fp64: 2^505), and ||X||_F itself from
+max / sqrt(count). LAPACK's nrm2 scales every vector; here a matrix is scaled only where its largest
+|entry| exceeds `entry_limit`, below which nothing can overflow, and only by a power of two (`scale_of`),
+so every other matrix keeps its bits exactly and a scaled one is exact but where an entry falls into the
+subnormal range (far below the rounding of the norm).
 """
 
 from __future__ import annotations
@@ -28,3 +35,43 @@ def frobenius(x: torch.Tensor, dim: int | tuple[int, ...], keepdim: bool = False
         return torch.linalg.vector_norm(x, dim=dim, keepdim=keepdim)
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
     return wide.square().sum(dim=dim, keepdim=keepdim).sqrt().to(x.dtype)
+
+
+def norm_limit(dtype: torch.dtype, factor: float) -> float:
+    """The largest power of two L with factor * L at most a quarter of `dtype`'s largest value: a norm up to
+    L gives a normaliser denominator factor ||X|| + eps that does not overflow."""
+    return 2.0 ** math.floor(math.log2(torch.finfo(dtype).max / 4 / factor))
+
+
+def entry_limit(count: int, dtype: torch.dtype, factor: float) -> float:
+    """The largest power of two L such that no matrix of `count` entries of magnitude at most L, in `dtype`,
+    overflows its normaliser: its norm stays within `norm_limit` and its sum of squares (summed in at least
+    fp32, as `frobenius` and torch's half types sum) within a quarter of that sum's largest value (the
+    quarters leave room for the sums' rounding)."""
+    summed = torch.finfo(torch.promote_types(dtype, torch.float32)).max
+    count = max(count, 1)
+    bound = min(norm_limit(dtype, factor) / math.sqrt(count), math.sqrt(summed / 4 / count))
+    return 2.0 ** math.floor(math.log2(bound))
+
+
+def scale_of(top: torch.Tensor, limit: float) -> torch.Tensor:
+    """Per value of `top` (a magnitude >= 0): 1 where it is at most `limit`, else the power of two 2^-e
+    with top = f 2^e, f in [0.5, 1), bringing it into [0.5, 1) (exact: f / top); NaN where it is +inf
+    (a non-finite input stays non-finite). In top's dtype."""
+    return torch.where(top > limit, torch.frexp(top).mantissa / top, 1.0)
+
+
+def downscale(x: torch.Tensor, dims: tuple[int, ...], limit: float) -> torch.Tensor:
+    """`scale_of` each matrix's largest |entry| (over `dims`, kept as size 1): the power of two to multiply
+    x by before squaring it (1 for an empty matrix)."""
+    if any(x.shape[d] == 0 for d in dims):  # (no largest entry to take)
+        return torch.ones_like(x.sum(dim=dims, keepdim=True))
+    return scale_of(torch.linalg.vector_norm(x, math.inf, dim=dims, keepdim=True), limit)
+
+
+def denominator(norm: torch.Tensor, factor: float, eps: float, scale: torch.Tensor) -> torch.Tensor:
+    """The normaliser's denominator of X scale, (factor ||X|| + eps) scale = norm * factor + eps scale, from
+    norm = ||X scale|| (`downscale`), in norm's dtype. Where scale = 1 it rounds as the unscaled
+    `norm * factor + eps` (eps joins in the op's arithmetic, as a Python scalar does); a scale below the
+    dtype's range (fp16) drops eps scale, far below the rounding of factor ||X scale|| >= factor / 2."""
+    return torch.add(norm * factor, scale.to(norm.dtype), alpha=eps)

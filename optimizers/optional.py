@@ -4,10 +4,12 @@ first use, once, and None where triton cannot be imported (CPU installs: triton 
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 LOADED: dict[str, ModuleType | None] = {}
-"""By module name under `optimizers`: the module, or None where its import failed."""
+"""By module name under `optimizers`: the module, or None where its import failed. Memoization of the import
+(an import is tried once per process)."""
 
 
 def triton_module(name: str) -> ModuleType | None:
@@ -18,3 +20,8 @@ def triton_module(name: str) -> ModuleType | None:
         except ImportError:
             LOADED[name] = None
     return LOADED[name]
+
+
+def interpreted() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1): the kernels then run on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -9,9 +9,10 @@ same dot product as in the full product, so the lower triangle matches it; the u
 the exact mirror, where a full product is symmetric only up to rounding.
 
 Stacks with fewer than `2 * BLOCK` rows take one plain product: below that a row block is too
-small to keep a GPU's tensor cores busy. Pure torch, every device; with `TRITON` set, bf16/fp16
-stacks of `TRITON_ROWS` rows or more on CUDA take instead the Triton kernel of
-optimizers/symmetric_triton.py (upper tiles only, one launch), when triton is installed.
+small to keep a GPU's tensor cores busy. Pure torch, every device; where the call's `kernels`
+allow (optimizers/kernels.py: a group's `fused` option), bf16/fp16 stacks on CUDA take instead the
+Triton kernel of optimizers/symmetric_triton.py (upper tiles only, one launch): by default from
+`TRITON_ROWS` rows, with fused=True at any size.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from types import ModuleType
 
 import torch
 
+from optimizers.kernels import TORCH, Kernels
 from optimizers.optional import triton_module
 
 BLOCK = 1024
@@ -28,12 +30,11 @@ BLOCK = 1024
 MAX_BLOCKS = 4
 """Block count cap: 4 blocks compute 5/8 of the product; more blocks save less per extra launch."""
 
-TRITON = False
-"""Opt-in: products of at least TRITON_ROWS rows run the Triton kernel instead where it can (bf16/fp16
-on CUDA, triton installed); benchmarks/gpu_step.py's "triton symmetric" rows measure it."""
-
 TRITON_ROWS = 2 * BLOCK
-"""Rows from which the Triton kernel takes a product (with TRITON)."""
+"""Rows from which a product takes the Triton kernel under fused=None (optimizers/kernels.py): below them
+cuBLAS's product was the faster on one H200 (12 x 768 x 2304: every kernel variant 1.0-4x slower;
+optimizers/symmetric_triton.py). To be measured by `benchmarks/kernel_thresholds.py --products`, whose
+crossover line names the row count from which the kernel wins on every product kind."""
 
 
 def blocks(m: int, block: int | None = None) -> int:
@@ -43,62 +44,66 @@ def blocks(m: int, block: int | None = None) -> int:
     return min(MAX_BLOCKS, m // block) if m >= 2 * block else 1
 
 
-def symmetric_bmm(a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torch.Tensor:
-    """a @ b for stacks a [B, m, k], b [B, k, m] whose product is symmetric, by its lower block triangle."""
-    return _lower_blocks(None, a, b, 0.0, 1.0, block)
+def symmetric_bmm(a: torch.Tensor, b: torch.Tensor, block: int | None = None, kernels: Kernels = TORCH) -> torch.Tensor:
+    """a @ b for stacks a [B, m, k], b [B, k, m] whose product is symmetric, by its lower block triangle (or
+    on the Triton kernel, where `kernels` allow)."""
+    return _lower_blocks(None, a, b, 0.0, 1.0, block, kernels)
 
 
 def symmetric_baddbmm(input: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1.0,
-                      alpha: float = 1.0, block: int | None = None) -> torch.Tensor:
+                      alpha: float = 1.0, block: int | None = None, kernels: Kernels = TORCH) -> torch.Tensor:
     """torch.baddbmm(input, a, b, beta=beta, alpha=alpha) for a symmetric `input` [B, m, m] and a
-    symmetric product a @ b, by its lower block triangle."""
-    return _lower_blocks(input, a, b, beta, alpha, block)
+    symmetric product a @ b, by its lower block triangle (or on the Triton kernel, where `kernels` allow)."""
+    return _lower_blocks(input, a, b, beta, alpha, block, kernels)
 
 
-def adds_identity(a: torch.Tensor) -> bool:
-    """Products of `a`'s shape, dtype and device run on the Triton kernel (TRITON, at least TRITON_ROWS
+def adds_identity(a: torch.Tensor, kernels: Kernels) -> bool:
+    """Products of `a`'s shape, dtype and device run on the Triton kernel (`kernels` allow it at this many
     rows, bf16/fp16 on CUDA, triton installed), so `polynomial_with_identity` can form aI + bA + cA² in one
     rounding and the Newton–Schulz steps use it (`polynomial_product`, Gram Newton–Schulz's W)."""
-    return _kernel_for(a) is not None
+    return _kernel_for(a, kernels) is not None
 
 
-def polynomial_with_identity(c: torch.Tensor, a: float, b: float, alpha: float) -> torch.Tensor:
+def polynomial_with_identity(c: torch.Tensor, a: float, b: float, alpha: float, kernels: Kernels) -> torch.Tensor:
     """W = a I + b C + alpha C·C for a symmetric stack C [B, m, m] on the Triton kernel, every entry
     rounded once from fp32 (the identity added in the kernel's epilogue: no copy, no second pass); only
-    where `adds_identity(c)`."""
-    kernel = _kernel_for(c)
+    where `adds_identity(c, kernels)`."""
+    kernel = _kernel_for(c, kernels)
     if kernel is None:
         raise ValueError(f"the identity is added by the Triton kernel only, which cannot take {tuple(c.shape)} "
                          f"{c.dtype} on {c.device} (symmetric.adds_identity)")
     return kernel.symmetric_baddbmm(c, c, c, b, alpha, identity=a)
 
 
-def polynomial_product(gram: torch.Tensor, x: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
+def polynomial_product(gram: torch.Tensor, x: torch.Tensor, a: float, b: float, c: float,
+                       kernels: Kernels = TORCH) -> torch.Tensor:
     """(a I + b A + c A²) X for a symmetric stack A = gram [B, m, m] and x [B, m, n]: one Newton–Schulz step.
 
-    Where `adds_identity(gram)`: W = aI + bA + cA² by the kernel and W X by one plain product. Elsewhere
+    Where `adds_identity(gram, kernels)`: W = aI + bA + cA² by the kernel and W X by one plain product. Elsewhere
     B = bA + cA² by lower blocks and aX + B X by one baddbmm, which first copies X into its output (on the
     24-layer set's 96 squares of 4096, 1.5 ms a call, 7.6 ms an optimizer step). The two round differently (W's diagonal a + B_ii
     rounded once in bf16/fp16, against B_ii rounded and aX summed in the product's fp32): the same map,
     each judged against the oracle."""
-    kernel = _kernel_for(gram)
+    kernel = _kernel_for(gram, kernels)
     if kernel is not None:
         return torch.bmm(kernel.symmetric_baddbmm(gram, gram, gram, b, c, identity=a), x)
     poly = symmetric_baddbmm(gram, gram, gram, beta=b, alpha=c)
     return torch.baddbmm(x, poly, x, beta=a)
 
 
-def _kernel_for(a: torch.Tensor) -> ModuleType | None:
-    """optimizers.symmetric_triton where a product of `a`'s stack runs on it, else None."""
-    kernel = triton_kernel() if TRITON and a.size(-2) >= TRITON_ROWS else None
+def _kernel_for(a: torch.Tensor, kernels: Kernels) -> ModuleType | None:
+    """optimizers.symmetric_triton where a product of `a`'s stack runs on it under `kernels`, else None."""
+    if not kernels.on or (kernels.sized and a.size(-2) < TRITON_ROWS):
+        return None
+    kernel = triton_kernel()
     return kernel if kernel is not None and kernel.usable(a) else None
 
 
 def _lower_blocks(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
-                  block: int | None) -> torch.Tensor:
-    """beta * input + alpha * (a @ b) (input None: alpha * (a @ b)) by row blocks, mirrored."""
+                  block: int | None, kernels: Kernels) -> torch.Tensor:
+    """beta * input + alpha * (a @ b) (input None: alpha * (a @ b)) by row blocks, mirrored, or on the kernel."""
     m = a.size(-2)
-    kernel = _kernel_for(a)
+    kernel = _kernel_for(a, kernels)
     if kernel is not None:
         return kernel.symmetric_baddbmm(input, a, b, beta, alpha)
     k = blocks(m, block)

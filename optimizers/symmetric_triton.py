@@ -9,10 +9,11 @@ whole; an off-diagonal tile's mirror is its exact transpose. `identity` adds a m
 epilogue, before the one rounding: the Newton-Schulz polynomial aI + bA + cA² in one launch
 (optimizers/symmetric.py `polynomial_with_identity`), where the published form needs a copy (aX + BX by
 baddbmm; Q = Z + aI by a clone). On the 24-layer step (one H200): 517.94 ms against 532.97 ms, interleaved
-rounds (benchmarks/results/2026-12-01-h200-torch2.11.0-identity-epilogue/).
+rounds (docs/performance.md §2).
 
-Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call by the module constant
-`VARIANT`, "persistent" at 4 warps and 4 stages: the fastest measured):
+Variants (issue 13; `VARIANTS`, chosen per call by `variant=`, within a `variant(name)` scope for every call
+that names none (benchmarks), else the module constant `VARIANT`, "persistent" at 4 warps and 4 stages: the
+fastest measured):
   - "base": the kernel above (masked pointer loads, 128 x 128 tiles, row-major tile order);
   - "even": the same with no masks where m and k are multiples of the tiles;
   - "tma": loads through 3-D TMA tensor descriptors over the [B, m, k] stack (host-side
@@ -22,9 +23,9 @@ Variants (issue 13; `VARIANTS`, chosen per call by `variant=` or for every call 
     bitwise symmetric;
   - "persistent": tma's tiles and bits, by one program per SM looping over the (matrix, tile) work items in
     a flattened loop (the next tile's loads issued under this tile's epilogue), with a branch-free
-    epilogue. On one H200 (benchmarks/results/2026-12-01-h200-torch2.11.0-pipelined-checks/call4/):
+    epilogue. On one H200 (docs/performance.md §3):
     1.84-2.08x cuBLAS on the 24-layer stacks against tma's 1.79-2.04x in the same run, 1.02-1.09x tma
-    in the probe before it (call3/); the 24-layer step 506.88 -> 498.21 ms, interleaved. At 3 stages or
+    in a probe of its launches; the 24-layer step 506.88 -> 498.21 ms, interleaved. At 3 stages or
     8 warps it ran 0.83-0.94x tma, with warp specialization 0.57-0.89x, at 5 stages no faster than at 4.
 Measured on one H200 (torch 2.11, triton 3.6; benchmarks/symmetric_kernel.py, bf16, ms and the speedup
 over cuBLAS's full product):
@@ -44,61 +45,51 @@ over the tiles, plain / tl.range(flatten=True) / tl.range(warp_specialize=True))
 compile them (the tests: "PassManager::run failed"; the benchmark's launches: 320 KiB of shared memory
 for "persistent" at 4 stages, 272 KiB for the warp-specialized one, past the 227 KiB of an H200 block),
 so nothing measured them faster. (The "persistent" variant above, written anew with a branch-free epilogue,
-compiles at 4 warps and 4 stages within 168-192 KiB.) Also measured after that (benchmarks/results/2026-11-30-h200-torch2.11.0-gpu_step-one-run/
-probes/): warp specialization of the k loop (`tl.range(warp_specialize=True)`) compiles but runs 0.50-0.94x
+compiles at 4 warps and 4 stages within 168-192 KiB.) Also measured after that (docs/performance.md §3):
+warp specialization of the k loop (`tl.range(warp_specialize=True)`) compiles but runs 0.50-0.94x
 this kernel; TILE_K 128, 5-6 stages and L2 groups of 4-32 row blocks are slower or within run-to-run noise
 (interleaved rounds) on every stack of the 24-layer step. On small stacks (m <= 1536, e.g. 12x768x2304) every variant is
 slower than cuBLAS (base 1.0-2.5x, tma 1.5-4x): optimizers/symmetric.py calls the kernel from
 TRITON_ROWS rows on.
 A descriptor variant runs "base" where this triton has no tensor descriptors or an operand's rows are
 not contiguous and 16-byte aligned (`resolve`); a default variant that fails to compile warns once and
-runs "base" from then on (`BROKEN`).
+runs "base" from then on (`BROKEN`). Each product adds to the current counting scope's `products` and
+`variants` (optimizers/counters.py: the optimizer's `stats`).
 
 Optional: Triton is imported when this module is (CUDA machines with triton; CPU tests under
-TRITON_INTERPRET=1). optimizers/symmetric.py calls it only when `symmetric.TRITON` is set, the
-operands are bf16 or fp16, and `usable` holds; otherwise the pure-torch blocks run.
+TRITON_INTERPRET=1). optimizers/symmetric.py calls it only where the call's kernels allow (a group's
+`fused` option, optimizers/kernels.py), the operands are bf16 or fp16, and `usable` holds; otherwise the
+pure-torch blocks run.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import types
 import warnings
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import triton
 import triton.language as tl
 
-from optimizers.launches import launch, noting, on_device
+from optimizers import counters
+from optimizers.launches import launch, on_device
+from optimizers.optional import interpreted
 
 DTYPES = (torch.bfloat16, torch.float16)
 """Operand dtypes the kernel takes (tensor-core dot products, fp32 accumulation)."""
 
 VARIANT = "persistent"
-"""The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when the call names none: "persistent"
-(its launch: 4 warps, 4 stages), the fastest over the 24-layer stacks (62.0 ms for the five against 117.5
-ms by cuBLAS; on one stack, A + A·A, tma was 1% ahead)."""
+"""The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when neither the call nor a `variant` scope
+names one: "persistent" (its launch: 4 warps, 4 stages), the fastest over the 24-layer stacks (62.0 ms for the
+five against 117.5 ms by cuBLAS; on one stack, A + A·A, tma was 1% ahead)."""
 
 TILE, TILE_K, WARPS, STAGES = 128, 64, 8, 3
 """Tile rows/columns, reduction step, and the warps and pipeline stages of a variant that names none
 (a `Variant`'s own launch comes first), on a GPU (H100/H200-class)."""
-
-
-@dataclass
-class KernelStats:
-    """Products this process computed with the kernel (benchmarks/gpu_step.py notes them per row)."""
-
-    products: int = 0
-    variants: dict = field(default_factory=dict)
-    """Products by the variant that ran (after `resolve`'s fallbacks)."""
-
-
-STATS = KernelStats()
-
-
-def interpreted() -> bool:
-    """True under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 INDEX_LIMIT = 2**31
@@ -201,7 +192,7 @@ def _upper_tiles_tma(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr, k, al
     acc = _tile_tma(a_desc, b_desc, c_desc, batch, r0, c0, k, alpha, beta, HAS_C, A_T, B_T, TILE_M, TILE_R)
     # Stores past the matrix's edge are clipped. Only a diagonal tile (tj == ti) is symmetrised and stored
     # once: selecting by (tj == ti) in every tile's epilogue ran 0.96-1.02x as fast on the 24-layer stacks,
-    # and that step 508.34 against 505.08 ms (benchmarks/results/2026-12-01-h200-torch2.11.0-identity-epilogue/).
+    # and that step 508.34 against 505.08 ms (docs/performance.md §2).
     if ti == tj:
         idx = tl.arange(0, TILE_M)
         if HAS_IDENTITY:  # `identity` on the diagonal, in fp32 before the one rounding
@@ -242,6 +233,7 @@ def _upper_tiles_persistent(a_desc, b_desc, c_desc, out_desc, out_ptr, pairs_ptr
 
 
 _PAIRS: dict[tuple, torch.Tensor] = {}
+"""`_pairs`' tables by (tiles, device, group): memoization (each is a function of its key)."""
 
 
 def pair_list(tiles: int, group: int = 0) -> list[tuple[int, int]]:
@@ -279,28 +271,55 @@ class Variant:
     stages: int | None = None
 
 
-VARIANTS = {
+VARIANTS = types.MappingProxyType({
     "base": Variant(),
     "even": Variant(even=True),
     # 4 warps, 4 stages: 1.03-1.08x the default launch's 8 warps, 3 stages on the H200 (the table above)
     "tma": Variant(descriptors=True, group=8, warps=4, stages=4),
     # 4 warps, 4 stages: at 3 stages, or 8 warps, 0.83-0.94x "tma" on the 24-layer stacks
     "persistent": Variant(descriptors=True, group=8, persistent=True, warps=4, stages=4),
-}
+})
 """The kernel variants (issue 13), by name: "base" is the kernel as first written."""
 
-STAND_INS = {"persistent": "tma"}
+STAND_INS = types.MappingProxyType({"persistent": "tma"})
 """A default variant that compiles slowly (persistent: 1.8-2.2 s for its largest specialization on the H200
 machine's host, against tma's 0.5-0.9 s) and the variant of the same tiles and bits (every probe and test row
 bitwise equal) that runs in its place while its kernels compile in the background (`WARMING`)."""
 
 WARMING: set[str] = set()
 """Default variants whose kernels compile in the background now (optimizers/plan.py `compile_ahead`): until
-then the default runs its STAND_INS variant."""
+then the default runs its STAND_INS variant. Process state, as Triton's compiles are the process's: every
+optimizer of the process runs the stand-in until the one compile ends."""
 
 BROKEN: dict[str, str] = {}
 """Variants that failed to compile or launch as the default (VARIANT) in this process, with the error:
-the default then runs "base" (a variant named in the call raises instead)."""
+the default then runs "base" (a variant named in the call or a `variant` scope raises instead). Memoization
+of a fact of this process's triton (it cannot build the variant), which no retry changes."""
+
+_CHOSEN: ContextVar[str | None] = ContextVar("optimizers.symmetric_triton.variant", default=None)
+"""The variant the innermost `variant` scope of this thread and context chose."""
+
+
+@contextlib.contextmanager
+def variant(name: str) -> Iterator[None]:
+    """Within: every product that names no variant runs `name` (benchmarks compare variants through a whole
+    step), as a call naming it would: without a stand-in, and raising where it fails."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}: one of {sorted(VARIANTS)}")
+    token = _CHOSEN.set(name)
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
+
+
+def slow_default() -> str | None:
+    """The variant a product naming none runs when that variant compiles slowly (STAND_INS), so that its
+    compile may run in the background behind its stand-in (optimizers/plan.py `compile_for`); None where a
+    `variant` scope chose one, the default broke (BROKEN), or it has no stand-in."""
+    if _CHOSEN.get() is not None or VARIANT in BROKEN or VARIANT not in STAND_INS:
+        return None
+    return VARIANT
 
 
 def descriptors_available() -> bool:
@@ -328,11 +347,13 @@ def _descriptor_ok(t: torch.Tensor) -> bool:
 
 def resolve(name: str | None, input: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
             tile: int | None = None, tile_k: int | None = None) -> str:
-    """The variant that runs for `name` (default VARIANT, or its stand-in while it is WARMING) on these
-    operands: a descriptor variant
+    """The variant that runs for `name` (default: the `variant` scope's, else VARIANT, or its stand-in while it
+    is WARMING) on these operands: a descriptor variant
     falls back to "base" where triton has no tensor descriptors or an operand's strides do not suit
     TMA (a's and b's rows or columns, input's rows contiguous and 16-byte aligned); "even" runs
     the masked path ("base") where m or k is not a multiple of the tiles."""
+    if name is None:
+        name = _CHOSEN.get()
     if name is None:
         name = VARIANT if VARIANT not in BROKEN else "base"
         name = STAND_INS[name] if name in WARMING else name
@@ -360,8 +381,9 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
                       stages: int | None = None, identity: float = 0.0) -> torch.Tensor:
     """beta * input + alpha * (a @ b) + identity * I for a [B, m, k], b [B, k, m] with a symmetric
     product (and a symmetric `input` [B, m, m], or None: no input term), by upper tiles, in a's dtype,
-    each entry rounded once from fp32; `tile`, `tile_k` default to TILE, TILE_K and `variant` to VARIANT
-    (read at the call; see `resolve` for its fallbacks); `warps`, `stages` override the variant's launch."""
+    each entry rounded once from fp32; `tile`, `tile_k` default to TILE, TILE_K and `variant` to the `variant`
+    scope's, else VARIANT (read at the call; see `resolve` for its fallbacks); `warps`, `stages` override the
+    variant's launch. Counted in the current counting scope (optimizers/counters.py)."""
     tile, tile_k = tile or TILE, tile_k or TILE_K
     if not usable(a) or b.dtype != a.dtype or (input is not None and input.dtype != a.dtype):
         raise ValueError(f"the Triton symmetric product takes {DTYPES} on CUDA (or the interpreter), got "
@@ -375,7 +397,7 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
     try:
         _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages, identity)
     except Exception as e:  # noqa: BLE001 - triton's compile and launch errors have no common base
-        if variant is not None or name == "base":
+        if variant is not None or _CHOSEN.get() is not None or name == "base":
             raise  # asked for by name (benchmarks, tests): the failure is the answer
         # the default variant cannot compile or launch with this triton (shared memory, an unsupported
         # layout): warn once, and run the base kernel from now on
@@ -383,9 +405,10 @@ def symmetric_baddbmm(input: torch.Tensor | None, a: torch.Tensor, b: torch.Tens
         warnings.warn(f"symmetric_triton: variant {name!r} failed ({BROKEN[name]}); running 'base'", stacklevel=2)
         name = "base"
         _launch(VARIANTS[name], input, a, b, out, alpha, beta, tile, tile_k, warps, stages, identity)
-    if not noting():  # a rehearsal (optimizers/launches.py) counts nothing
-        STATS.products += 1
-        STATS.variants[name] = STATS.variants.get(name, 0) + 1
+    stats = counters.current()
+    if stats is not None:
+        stats.products += 1
+        stats.variants[name] = stats.variants.get(name, 0) + 1
     return out
 
 

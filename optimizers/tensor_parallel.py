@@ -34,7 +34,7 @@ checked at construction, before any step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from optimizers import distributed
+from optimizers.matrix_view import View
 
 TP_MODES = ("gather", "per_shard")
 
@@ -69,12 +70,12 @@ def uses_mesh_layout(p: torch.Tensor, mode: str, tp_dim: str) -> bool:
     return p.device_mesh.ndim > 1 or (mode == "per_shard" and tp_shard(p, tp_dim) is not None)
 
 
-def check_heads(where: str, index: int, p: torch.Tensor, group: dict[str, Any], tp_dim: str) -> None:
-    """A per_shard parameter with `num_heads` must have whole heads in every TP shard: ValueError
-    naming the parameter otherwise (row-parallel shards split every head's columns; column-parallel
+def check_heads(where: str, index: int, p: torch.Tensor, view: View, tp_dim: str) -> None:
+    """A per_shard parameter with `num_heads` (of its group's `view`) must have whole heads in every TP shard:
+    ValueError naming the parameter otherwise (row-parallel shards split every head's columns; column-parallel
     shards of torch.chunk sizes must be multiples of head_dim)."""
-    heads, dim = group.get("num_heads"), tp_shard(p, tp_dim)
-    if heads is None or group.get("tp_mode") != "per_shard" or dim is None:
+    heads, dim = view.num_heads, tp_shard(p, tp_dim)
+    if heads is None or view.tp_mode != "per_shard" or dim is None:
         return
     at = f"{where}: parameter {index} of shape {tuple(p.shape)} (num_heads={heads}, tp_mode='per_shard')"
     if dim != 0:

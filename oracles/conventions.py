@@ -15,7 +15,7 @@ from oracles.coefficients import Coefficients, newton_schulz_schedule, polar_exp
 from oracles.rounding import FORMATS, machine_epsilon
 from oracles.spectral import Normaliser
 
-ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd", "gram_newton_schulz")
+ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd", "gram_newton_schulz", "none")
 LR_SCALES = ("spectral_norm", "spectral_norm_clamped", "rms_norm", "none")
 LR_DIMS = ("flattened", "last_two", "first_two")
 MOMENTA = ("sum", "ema", "ema_debiased")
@@ -30,7 +30,8 @@ class Orthogonalizer:
     """What orth(U) computes.
 
     kind "polynomial": the iteration `schedule` from U / normaliser(U);
-    kind "svd": the polar factor U V^T over singular values > rcond_factor*max(m,n)*s_max.
+    kind "svd": the polar factor U V^T over singular values > rcond_factor*max(m,n)*s_max;
+    kind "none": nothing is orthogonalized (an elementwise algorithm: AdamW).
     iteration: how a polynomial is evaluated, "standard" (on X) or "gram" (on X Xᵀ, restarted): the same
     map in exact arithmetic, a different rounding (the tolerance policy keys it apart).
     """
@@ -58,6 +59,8 @@ class Orthogonalizer:
             # SVD runs in at least fp32; its rank cut-off follows the LAPACK/numpy habit.
             fmt = "fp64" if compute_dtype == "fp64" else "fp32"
             return cls("svd", rcond_factor=machine_epsilon(fmt))
+        if name == "none":
+            return cls("none")
         raise ValueError(f"unknown orthogonalizer {name!r}; expected one of {ORTHOGONALIZERS}")
 
     @classmethod
@@ -98,6 +101,7 @@ class Conventions:
     normuon_rows: the rows NorMuon normalises: "matrix" the rows of the orthogonalized matrix view,
                norm restored over the parameter | "trailing" the rows of every trailing 2-D slice
                [shape[-2], shape[-1]] of the parameter, norm restored per slice
+    adam_eps:  AdamW's eps, added to sqrt of the bias-corrected second moment (oracles/adamw_reference.py)
     decay_dtype: where weight decay joins the step: "fp64" applied to the parameter on its own,
                X (1 - lr_wd wd) (exact in the reference) | a format: folded into the orthogonalized
                update, which is held in that format, X <- X - lr scale round(O + (lr_wd / (lr scale)) wd X)
@@ -120,6 +124,7 @@ class Conventions:
     lr_dtype: str = "fp64"
     normuon_rows: str = "matrix"
     decay_dtype: str = "fp64"
+    adam_eps: float = 1e-8
 
     def __post_init__(self) -> None:
         choices = {"momentum": MOMENTA, "nesterov": NESTEROVS,

@@ -53,6 +53,14 @@ class Normaliser:
             return self.scale * frobenius + self.eps
         return max(self.scale * frobenius, self.eps)
 
+    def scaled_denominator(self, frobenius: float, factor: float) -> float:
+        """d / factor for the matrix G = factor * G', from ||G'||_F = `frobenius` (factor a power of two):
+        denominator(factor * frobenius) / factor to the bit where that is a float, and also where G's
+        norm is not (beyond fp64's range)."""
+        if self.form == "plus":
+            return self.scale * frobenius + self.eps / factor
+        return max(self.scale * frobenius, self.eps / factor)
+
 
 def _svd(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if g.ndim != 2:
@@ -132,14 +140,15 @@ def _large(g: np.ndarray) -> bool:
 
 
 def _normalised(g: np.ndarray) -> tuple[np.ndarray, int]:
-    """(g / 2^e, e), with 2^e the power of two at g's largest |entry| when that division is exact (no
-    entry lost to the subnormal range), else (g, 0): the gradients x 2^10 of `scale` then share the
-    decomposition of the run without. (A product by a power of two: np.ldexp is ~10x slower.)"""
+    """(g / 2^e, e), with 2^e the power of two at g's largest |entry| (2^1023 above it: 2^1024 is no
+    float) when that division is exact (no entry lost to the subnormal range), else (g, 0): the gradients
+    x 2^10 of `scale` then share the decomposition of the run without, and no Gram matrix of a finite g
+    overflows. (A product by a power of two: np.ldexp is ~10x slower.)"""
     top = max(float(np.max(g, initial=0.0)), -float(np.min(g, initial=0.0)))
     if not math.isfinite(top) or top == 0.0:
         return g, 0
-    e = math.frexp(top)[1]
-    if e == 0 or abs(e) > 1000:
+    e = min(math.frexp(top)[1], 1023)
+    if e == 0 or e < -1000:
         return g, 0
     scaled = g * math.ldexp(1.0, -e)
     return (scaled, e) if np.array_equal(scaled * math.ldexp(1.0, e), g) else (g, 0)
@@ -194,9 +203,9 @@ def _memoised(g: np.ndarray, accept: Callable[[_Gram, float], bool]) -> tuple[Un
     return _decompose(base, lambda gram: accept(gram, factor)), factor
 
 
-def _spectrum_of(gram: _Gram, factor: float = 1.0) -> np.ndarray:
-    """Singular values (ascending, rounding negatives clipped) of the matrix of `gram` times `factor`."""
-    return np.sqrt(np.maximum(gram.lam, 0.0)) * factor
+def _spectrum_of(gram: _Gram) -> np.ndarray:
+    """Singular values (ascending, rounding negatives clipped) of the matrix of `gram`."""
+    return np.sqrt(np.maximum(gram.lam, 0.0))
 
 
 def _apply(gram: _Gram, h: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -249,13 +258,24 @@ def compose(schedule: Sequence[Coefficients], s: np.ndarray) -> np.ndarray:
     return x
 
 
+def _within_range(g: np.ndarray) -> tuple[np.ndarray, float]:
+    """(g, 1.0), or (g / factor, factor) with `_normalised`'s power of two where g's singular values (at
+    most max|g| sqrt(size)) could exceed a quarter of fp64's largest value."""
+    top = float(np.max(np.abs(g), initial=0.0))
+    if not top * math.sqrt(g.size) > np.finfo(np.float64).max / 4:
+        return g, 1.0
+    base, e = _normalised(g)
+    return base, math.ldexp(1.0, e)
+
+
 def spectral_map(g: np.ndarray, schedule: Sequence[Coefficients], normaliser: Normaliser) -> np.ndarray:
     """Exact result of the polynomial iteration `schedule` started from normalised `g` (Gram path for a
-    large matrix where its error bound allows: module doc)."""
+    large matrix where its error bound allows: module doc). Formed from g / factor and d / factor (a power
+    of two: the same bits), so a g whose norm exceeds fp64's range maps too."""
     def normalised_h(gram: _Gram, factor: float) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-        """(d, eigenvalues of (g/d)(g/d)^T, h, h' there) at this matrix's own scale."""
-        d = normaliser.denominator(frobenius(_spectrum_of(gram, factor)))
-        lam = gram.lam * (factor / d) ** 2 if d else gram.lam
+        """(d / factor, eigenvalues of (g/d)(g/d)^T, h, h' there) at this matrix's own scale."""
+        d = normaliser.scaled_denominator(frobenius(_spectrum_of(gram)), factor)
+        lam = gram.lam * (1.0 / d) ** 2 if d else gram.lam
         return (d, lam, *_schedule_h(schedule, lam))
 
     def accept(gram: _Gram, factor: float) -> bool:
@@ -264,14 +284,15 @@ def spectral_map(g: np.ndarray, schedule: Sequence[Coefficients], normaliser: No
 
     found = _memoised(g, accept)
     if found is None:
-        u, s, vt = _svd(g)
+        base, factor = _within_range(g)
+        u, s, vt = _svd(base)
     else:
         dec, factor = found
         if isinstance(dec, _Gram):
             d, _, h, _ = normalised_h(dec, factor)
-            return _apply(dec, h, np.asarray(g, dtype=np.float64) / d)
-        u, s, vt = dec.u, dec.s * factor, dec.vt
-    d = normaliser.denominator(frobenius(s))
+            return _apply(dec, h, np.asarray(g, dtype=np.float64) / factor / d)
+        u, s, vt = dec.u, dec.s, dec.vt
+    d = normaliser.scaled_denominator(frobenius(s), factor)
     if d == 0.0:
         return np.zeros_like(g, dtype=np.float64)
     return (u * compose(schedule, s / d)) @ vt
@@ -291,15 +312,16 @@ def _polar_ok(gram: _Gram, rcond: float) -> bool:
 
 def polar_factor(g: np.ndarray, rcond: float) -> np.ndarray:
     """U V^T over the singular values above rcond * s_max (zero matrix -> zero); Gram path for a large,
-    well-conditioned matrix (module doc, `_polar_ok`)."""
+    well-conditioned matrix (module doc, `_polar_ok`). From g / factor where g's singular values could
+    overflow (`_within_range`): the same U V^T."""
     found = _memoised(g, lambda gram, factor: _polar_ok(gram, rcond))
     if found is None:
-        u, s, vt = _svd(g)
+        u, s, vt = _svd(_within_range(g)[0])
     else:
         dec, factor = found
         if isinstance(dec, _Gram):
-            return _apply(dec, (dec.lam * factor * factor) ** -0.5, np.asarray(g, dtype=np.float64))
-        u, s, vt = dec.u, dec.s * factor, dec.vt
+            return _apply(dec, dec.lam ** -0.5 / factor, np.asarray(g, dtype=np.float64))  # (lam factor^2)^-1/2
+        u, s, vt = dec.u, dec.s, dec.vt  # the singular values of g / factor: the cut-off is relative
     if s.size == 0 or s[0] == 0.0:
         return np.zeros_like(g, dtype=np.float64)
     keep = s > rcond * s[0]

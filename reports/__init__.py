@@ -4,15 +4,19 @@ from reports.diff import Diff, diff_runs
 from reports.diff_html import render_diff_html, render_diff_markdown
 from reports.html import render_html
 from reports.markdown import render_markdown
-from reports.records import COLUMNS, STATUSES, Record, RunInfo, read_csv, status_counts, worst_first, write_csv
+from reports.records import (COLUMNS, STATUSES, CodeIdentity, Record, RunInfo, read_csv, status_counts, worst_first,
+                             write_csv)
+from reports.run_folder import StoreError
 from reports.store import load_run, save_run
 from reports.trend import render_trend_html
 
 __all__ = [
     "COLUMNS",
+    "CodeIdentity",
     "STATUSES",
     "Diff",
     "Record",
+    "StoreError",
     "RunInfo",
     "diff_runs",
     "load_run",

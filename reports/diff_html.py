@@ -13,9 +13,9 @@ import math
 from typing import Any
 
 from reports.diff import CATEGORIES, Diff, Pair, growth_factor, is_regression
-from reports.html_parts import BASE_CSS, data_value, escape, label, page
+from reports.html_parts import BASE_CSS, case_id_html, data_value, escape, label, page
 from reports.markdown import cell_text, code_span
-from reports.records import format_metric
+from reports.records import CodeIdentity, format_metric, harness_text
 
 DESCRIPTIONS = {
     "new_failures": "fail or error in head; pass, unsupported or skipped in base, or not run there",
@@ -42,13 +42,19 @@ ACROSS_BACKENDS = (
 )
 """The paragraph both renderings put first in a diff across backends."""
 
-CONTEXT_KEYS = ("path", "target", "tier", "date", "commit", "torch_version", "python_version", "device",
+CONTEXT_KEYS = ("path", "judged", "target", "tier", "date", "harness", "torch_version", "python_version", "device",
                 "platform", "backends", "world_sizes", "records")
 """Context entries compared side by side, in display order, where either run has them."""
+CONTEXT_LABELS = {"judged": "judged code"}
+"""Names shown for context entries whose key alone would not say what they hold."""
 
-ROW_COLUMNS = ("case_id", "check", "backend", "world_size", "base_status", "head_status", "base_ratio",
-               "head_ratio", "growth", "base_tolerance", "head_tolerance", "note")
-"""Columns of every category table; each is also a row data attribute."""
+ROW_COLUMNS = {"case_id": "case_id", "check": "check", "backend": "backend", "status": "head_status",
+                 "base_ratio": "base_ratio", "head_ratio": "head_ratio", "growth": "growth",
+                 "tolerance": "head_tolerance", "note": "note"}
+"""Columns of every category table, each with the row data attribute (`_row_values`) its header sorts
+by; every value of a row is such an attribute. A row fits one or two lines at 1,400 px: status reads
+"base -> head", tolerance one value or "base -> head" where it changed, the world size is in the case
+id, the note is one line (all of it on hover)."""
 
 NUMERIC_COLUMNS = frozenset({"world_size", "base_ratio", "head_ratio", "growth", "base_tolerance", "head_tolerance"})
 FILTER_COLUMNS = ("check", "backend", "base_status", "head_status", "regression")
@@ -62,6 +68,7 @@ h1.regressed { color: #8b0000; }
 h1.ok { color: #115e11; }
 tr.regression td:first-child { border-left: 4px solid #8b0000; }
 td.changed { background: #fff3c4; }
+td.transition { white-space: nowrap; }
 section { margin-top: 1.2rem; }
 """
 
@@ -69,9 +76,11 @@ section { margin-top: 1.2rem; }
 def render_diff_html(diff: Diff, base_ctx: dict[str, Any], head_ctx: dict[str, Any]) -> str:
     """The whole diff as one self-contained HTML document (no external resources)."""
     verdict = _verdict(diff)
+    same = same_code_note(base_ctx, head_ctx)
     body = "\n".join((
         f'<h1 class="{verdict.lower()}">{verdict}: diff of two conformance runs</h1>',
         _context_table(base_ctx, head_ctx),
+        f'<p id="same-code">{escape(same)}</p>' if same else "",
         f"<p id=\"pairing\">{escape(ACROSS_BACKENDS.format(growth=diff.growth))}</p>" if diff.across_backends else "",
         _count_table(diff),
         _filters(diff),
@@ -89,6 +98,7 @@ def render_diff_markdown(
     parts = [
         f"# {verdict}: conformance diff, head {_commit(head_ctx)} against base {_commit(base_ctx)}",
         _md_context("Base", base_ctx) + "  \n" + _md_context("Head", head_ctx),
+        *([cell_text(same)] if (same := same_code_note(base_ctx, head_ctx)) else []),
         *([cell_text(ACROSS_BACKENDS.format(growth=diff.growth))] if diff.across_backends else []),
         _md_counts(diff),
         *(_md_section(diff, name, pairs, max_rows, artifact) for name, pairs in diff.categories().items() if pairs),
@@ -101,7 +111,21 @@ def _verdict(diff: Diff) -> str:
     return "REGRESSED" if diff.regressed else "OK"
 
 
+def same_code_note(base_ctx: dict[str, Any], head_ctx: dict[str, Any]) -> str:
+    """A sentence when both runs judged the same code (`CodeIdentity.same_code`), else ""."""
+    base, head = (CodeIdentity.from_context(ctx.get("judged")) for ctx in (base_ctx, head_ctx))
+    if not base.same_code(head):
+        return ""
+    return (f"Base and head judged the same code, {head.named()}: what differs between them comes from the "
+            f"harness, torch or the machine, not from the judged code.")
+
+
 def _commit(ctx: dict[str, Any]) -> str:
+    """The judged code's commit (12 digits, dirty marked), or for a run stored before schema version 6
+    the commit it recorded."""
+    judged = CodeIdentity.from_context(ctx.get("judged"))
+    if judged.commit:
+        return judged.commit[:12] + (" (dirty)" if judged.dirty else "")
     return cell_text(ctx.get("commit") or "unknown")
 
 
@@ -117,6 +141,11 @@ def _describe(diff: Diff, name: str) -> str:
 
 
 def _context_value(ctx: dict[str, Any], key: str) -> str:
+    if key == "judged":
+        return CodeIdentity.from_context(ctx.get(key)).named() if key in ctx else ""
+    if key == "harness":
+        return harness_text(CodeIdentity.from_context(ctx.get(key)), ctx.get("commit", "")) \
+            if key in ctx or "commit" in ctx else ""
     value = ctx.get(key, "")
     return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
@@ -128,7 +157,8 @@ def _context_table(base_ctx: dict[str, Any], head_ctx: dict[str, Any]) -> str:
         old, new = _context_value(base_ctx, key), _context_value(head_ctx, key)
         if old or new:
             changed = ' class="changed"' if old != new else ""
-            rows.append(f'<tr><th>{label(key)}</th><td>{escape(old)}</td><td{changed}>{escape(new)}</td></tr>')
+            rows.append(f'<tr><th>{CONTEXT_LABELS.get(key, label(key))}</th><td>{escape(old)}</td>'
+                        f'<td{changed}>{escape(new)}</td></tr>')
     return (
         '<h2>Runs</h2>\n<table id="runs"><thead><tr><th></th><th>base</th><th>head</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
@@ -206,8 +236,8 @@ def _section(diff: Diff, name: str, pairs: list[Pair]) -> str:
     if not pairs:
         return heading + "<p>none</p></section>"
     head = "".join(
-        f'<th data-key="{c}" data-kind="{"num" if c in NUMERIC_COLUMNS else "text"}">{label(c)}</th>'
-        for c in ROW_COLUMNS
+        f'<th data-key="{key}" data-kind="{"num" if key in NUMERIC_COLUMNS else "text"}">{label(c)}</th>'
+        for c, key in ROW_COLUMNS.items()
     )
     rows = "\n".join(_row(name, pair, diff.across_backends) for pair in pairs)
     return (
@@ -220,16 +250,25 @@ def _row(name: str, pair: Pair, across: bool = False) -> str:
     values = _row_values(name, pair, across)
     attrs = "".join(f' data-{c}="{escape(data_value(v))}"' for c, v in values.items())
     regression = ' class="regression"' if values["regression"] == "yes" else ""
-    return f"<tr{regression}{attrs}>{''.join(_cell(c, values[c]) for c in ROW_COLUMNS)}</tr>"
+    return f"<tr{regression}{attrs}>{''.join(_cell(c, values) for c in ROW_COLUMNS)}</tr>"
 
 
-def _cell(column: str, value: object) -> str:
-    if column.endswith("_status"):
-        return f'<td class="s-{escape(value)}">{escape(value)}</td>'
+def _cell(column: str, values: dict[str, object]) -> str:
+    if column == "status":
+        base, head = (f'<span class="s-{escape(values[k])}">{escape(values[k])}</span>'
+                      for k in ("base_status", "head_status"))
+        return f'<td class="transition">{base} \u2192 {head}</td>'
+    if column == "tolerance":
+        base, head = (format_metric(values[k]) for k in ("base_tolerance", "head_tolerance"))
+        shown = f"{base} \u2192 {head}" if base and head and base != head else head or base
+        return f'<td class="num">{shown}</td>'
+    value = values[column]
     if column == "note":
         text = str(value)
         short = text if len(text) <= NOTE_CHARS else text[:NOTE_CHARS] + "\u2026"
-        return f'<td title="{escape(text)}">{escape(short)}</td>'
+        return f'<td title="{escape(text)}"><div class="clip">{escape(short)}</div></td>'
+    if column == "case_id":
+        return f"<td>{case_id_html(str(value))}</td>"
     if column in NUMERIC_COLUMNS:
         shown = format_metric(value) if isinstance(value, float) else str(value)
         return f'<td class="num">{shown}</td>'
@@ -237,8 +276,8 @@ def _cell(column: str, value: object) -> str:
 
 
 def _md_context(name: str, ctx: dict[str, Any]) -> str:
-    values = ((k, _context_value(ctx, k)) for k in ("commit", "date", "device", "records"))
-    return f"{name}: " + " · ".join(f"{label(k)} {cell_text(v)}" for k, v in values if v)
+    values = ((k, _context_value(ctx, k)) for k in ("judged", "harness", "date", "device", "records"))
+    return f"{name}: " + " · ".join(f"{CONTEXT_LABELS.get(k, label(k))} {cell_text(v)}" for k, v in values if v)
 
 
 def _md_counts(diff: Diff) -> str:

@@ -7,7 +7,11 @@ wrong (layer kind x param@compute dtype x layout, each cell coloured by its
 worst ratio and linking to its rows), per-check and per-dtype breakdowns, a
 legend, a worst-first results table that sorts on header click and filters by
 text and by column, and a <details> block per non-passing record plus the
-worst passing ones. Every piece of record or run text goes through `html.escape`.
+worst passing ones. Every piece of record or run text goes through `html.escape`;
+every float shown has 3 significant digits (the data attributes, for sorting, hold
+full precision). The results table fits a laptop's 1,400 px, a row in two lines: the
+case's own axes (layer, shape, dtypes, layout, world size, ...) are in its id and in
+the filters, max_abs in the details, not in columns of their own.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from urllib.parse import quote
 
 from cases import schema
 from reports import tp_table
-from reports.derived import allowed, title, verdict
-from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
+from reports.derived import allowed, diagnosis_label, title, verdict
+from reports.html_parts import BASE_CSS, case_id_html, context_list, data_value, escape, label, page
 from reports.records import (
     COLUMNS,
     STATUSES,
@@ -28,25 +32,25 @@ from reports.records import (
     RunInfo,
     format_metric,
     group_by,
+    harness_text,
     status_counts,
     worst_first,
     worst_ratio,
 )
 
 TABLE_COLUMNS: tuple[str, ...] = (
-    "status", "ratio", "case_id", "check", "layer", "shape", "megabatch", "flatten",
-    "param_dtype", "compute_dtype", "orthogonalizer", "rel_err", "allowed", "rtol", "max_abs", "max_ulp",
-    "backend", "world_size", "layout",
+    "status", "ratio", "case_id", "check", "diagnosis", "rel_err", "allowed", "rtol", "max_ulp", "backend",
 )
 """Columns of the results table, in display order; each is also a row data attribute. `allowed` and
-`rtol` are derived (`_value`): the whole allowance in rel_err's units, and the policy's rtol alone."""
+`rtol` are derived (`_value`): the whole allowance in rel_err's units, and the policy's rtol alone.
+`diagnosis` shows its label, the whole text on hover and in the record's details."""
 
 FILTER_COLUMNS: tuple[str, ...] = ("status", "check", *schema.FILTERS, "backend", "cell")
 """Columns with a <select> filter: the case's from cases/schema.py (its columns marked `filter`); options
 are the values present in the data. `cell` is the coverage grid's cell of a row (`grid_cell`), set by
 clicking that cell."""
 
-NUMERIC_COLUMNS = frozenset({"ratio", "megabatch", "rel_err", "allowed", "rtol", "max_abs", "max_ulp", "world_size"})
+NUMERIC_COLUMNS = frozenset({"ratio", "rel_err", "allowed", "rtol", "max_ulp"})
 LAYOUT_ORDER = ("single", "replicated", "shard0", "shard1")
 """Grid columns come layout by layout in this order (others after, sorted)."""
 WORST_PASSING_DETAILS = 20
@@ -59,6 +63,7 @@ details[open] { background: #fafafa; }
 pre { white-space: pre-wrap; background: #f3f3f3; padding: 0.4rem; margin: 0.2rem 0; }
 .legend { max-width: 60rem; }
 h1 .verdict { padding: 0 0.3rem; }
+div.grids { display: flex; flex-wrap: wrap; gap: 0 1rem; align-items: flex-start; }
 table.grid td { text-align: center; min-width: 3.2rem; padding: 0; }
 table.grid td a { display: block; padding: 0.2rem 0.3rem; color: inherit; text-decoration: none; }
 table.grid td a:hover { outline: 2px solid #222; }
@@ -122,10 +127,10 @@ def _display(value: object) -> str:
     return format_metric(value) if isinstance(value, float) else str(value)
 
 
-def _full(value: object) -> str:
-    """Value as shown in a details block: floats at full precision, NaN spelled out."""
+def _detail_value(value: object) -> str:
+    """Value as shown in a details block: floats with 3 significant digits, NaN as n/a."""
     if isinstance(value, float):
-        return "NaN" if math.isnan(value) else repr(value)
+        return format_metric(value) or "n/a"
     return str(value)
 
 
@@ -164,11 +169,16 @@ def _header(info: RunInfo, records: list[Record]) -> str:
         ("started", escape(info.started)),
         ("duration", escape(f"{info.seconds:.1f} s")),
         ("torch", escape(info.torch_version)),
-        ("commit", escape(info.commit or "unknown")),
+        ("judged code", escape(info.judged.named())),
+        ("harness", escape(harness_text(info.harness, info.commit))),
     )
     if info.interrupted:
         items = (("status", f"<strong>INCOMPLETE</strong>: interrupted by {escape(info.interrupted)}"), *items)
-    outcome = verdict(records, info.interrupted)
+    if info.scope:
+        items = (("judged", escape(info.scope)), *items)
+    if info.thin:
+        items = (("thin", f"<strong>THIN</strong>: {escape(info.thin)}"), *items)
+    outcome = verdict(records, info.interrupted, info.thin)
     status = "fail" if "FAILED" in outcome else "pass" if outcome == "PASSED" else "skipped"
     return (f'<h1><span class="verdict s-{status}">{escape(outcome)}</span> Muon conformance of '
             f"{escape(info.target)}, {escape(info.tier)} tier</h1>\n{context_list(items)}")
@@ -178,7 +188,8 @@ def _summary(records: list[Record]) -> str:
     """Status counts, one cell per status (zeros included), plus the total."""
     counts = status_counts(records)
     head = "".join(f"<th>{s}</th>" for s in STATUSES) + "<th>total</th>"
-    cells = "".join(f'<td class="num s-{s}" data-status="{s}">{counts[s]}</td>' for s in STATUSES)
+    cells = "".join(f'<td class="num{f" s-{s}" if counts[s] else ""}" data-status="{s}">{counts[s]}</td>'
+                    for s in STATUSES)
     return (
         f'<h2>Summary</h2>\n<table id="summary"><thead><tr>{head}</tr></thead>'
         f'<tbody><tr>{cells}<td class="num" data-status="total">{len(records)}</td></tr></tbody></table>'
@@ -211,40 +222,45 @@ def _heat(records: list[Record]) -> tuple[str, str, str]:
 
 
 def _grid(records: list[Record]) -> str:
-    """Coverage grid: a row per layer kind, a column per (layout, param@compute); each cell coloured
-    by its records' worst ratio and linking to the results filtered to that cell."""
+    """Coverage grid: one table per layout, side by side and wrapping at the window's edge (a run may
+    hold ten layouts), each with a row per layer kind and a column per param@compute present there; each
+    cell coloured by its records' worst ratio and linking to the results filtered to that cell."""
     if not records:
         return '<h2>Coverage</h2>\n<p id="coverage">no records</p>'
     columns = _ordered_columns(records)
-    cells = group_by(records, "layer")
-    layouts = [(layout, sum(1 for c in columns if c[0] == layout)) for layout in dict.fromkeys(c[0] for c in columns)]
-    head = ('<tr><th rowspan="2">layer</th>' + "".join(f'<th colspan="{n}">{escape(layout)}</th>' for layout, n in layouts)
-            + "</tr><tr>" + "".join(f"<th>{escape(dtypes)}</th>" for _, dtypes in columns) + "</tr>")
-    rows = []
-    for layer, group in cells.items():
-        by_cell = {}
-        for r in group:
-            by_cell.setdefault(grid_cell(r), []).append(r)
-        tds = []
-        for layout, dtypes in columns:
-            key = f"{layer}|{dtypes}|{layout}"
-            members = by_cell.get(key)
-            if not members:
-                tds.append('<td class="g-empty"></td>')
-                continue
-            cls, colour, text = _heat(members)
-            counts = ", ".join(f"{n} {s}" for s, n in status_counts(members).items() if n)
-            tip = f"{layer}, {dtypes}, {layout}: {counts}"
-            tds.append(f'<td class="{cls}" style="background:{colour}" data-cell="{escape(key)}" title="{escape(tip)}">'
-                       f'<a href="#cell={escape(quote(key, safe="|@"))}" data-cell="{escape(key)}">{text}</a></td>')
-        rows.append(f"<tr><th>{escape(layer)}</th>{''.join(tds)}</tr>")
+    layers = group_by(records, "layer")
+    by_cell: dict[str, list[Record]] = {}
+    for r in records:
+        by_cell.setdefault(grid_cell(r), []).append(r)
+    tables = []
+    for layout in dict.fromkeys(c[0] for c in columns):
+        dtypes = [d for lay, d in columns if lay == layout]
+        head = (f'<tr><th rowspan="2">layer</th><th colspan="{len(dtypes)}">{escape(layout)}</th></tr><tr>'
+                + "".join(f"<th>{escape(d)}</th>" for d in dtypes) + "</tr>")
+        rows = [f"<tr><th>{escape(layer)}</th>{''.join(_grid_cell(f'{layer}|{d}|{layout}', by_cell) for d in dtypes)}</tr>"
+                for layer in layers if any(f"{layer}|{d}|{layout}" in by_cell for d in dtypes)]
+        tables.append(f'<table class="grid" data-layout="{escape(layout)}"><thead>{head}</thead>'
+                      f'<tbody>{"".join(rows)}</tbody></table>')
     return (
         "<h2>Coverage</h2>\n<p class=\"legend\">Worst ratio of each layer kind &times; dtypes (param@compute) "
         "&times; layout: <b>green</b> passes (amber as it nears 1), <b>red</b> fails, <b>error</b> the target "
         "raised, <b>&ndash;</b> nothing checked (unsupported or skipped), blank: no case. Click a cell for its "
         "rows.</p>\n"
-        f'<table id="coverage" class="grid"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+        f'<div id="coverage" class="grids">{"".join(tables)}</div>'
     )
+
+
+def _grid_cell(key: str, by_cell: dict[str, list[Record]]) -> str:
+    """One grid cell (`grid_cell` key): its heat and a link to its rows; blank where no case is."""
+    members = by_cell.get(key)
+    if not members:
+        return '<td class="g-empty"></td>'
+    cls, colour, text = _heat(members)
+    counts = ", ".join(f"{n} {s}" for s, n in status_counts(members).items() if n)
+    layer, dtypes, layout = key.split("|")
+    tip = f"{layer}, {dtypes}, {layout}: {counts}"
+    return (f'<td class="{cls}" style="background:{colour}" data-cell="{escape(key)}" title="{escape(tip)}">'
+            f'<a href="#cell={escape(quote(key, safe="|@"))}" data-cell="{escape(key)}">{text}</a></td>')
 
 
 def _breakdown(records: list[Record], field: str) -> str:
@@ -326,8 +342,11 @@ def _cell(record: Record, column: str, anchor: str | None) -> str:
     text = escape(_display(_value(record, column)))
     if column == "status":
         return f'<td class="s-{record.status}">{text}</td>'
-    if column == "case_id" and anchor is not None:
-        return f'<td><a href="#{escape(anchor)}">{text}</a></td>'
+    if column == "case_id":
+        shown = case_id_html(record.case_id)
+        return f'<td><a href="#{escape(anchor)}">{shown}</a></td>' if anchor is not None else f"<td>{shown}</td>"
+    if column == "diagnosis":
+        return f'<td title="{text}">{escape(diagnosis_label(record))}</td>'
     if column in NUMERIC_COLUMNS:
         return f'<td class="num">{text}</td>'
     return f"<td>{text}</td>"
@@ -343,15 +362,16 @@ def _details(ordered: list[Record], anchors: dict[int, str], pictures: Mapping[t
 def _detail(record: Record, anchor: str, picture: str) -> str:
     """Every field of `record`; message and repro in their own preformatted blocks; its picture."""
     rows = "".join(
-        f"<tr><th>{label(c)}</th><td>{escape(_full(getattr(record, c)))}</td></tr>"
+        f"<tr><th>{label(c)}</th><td>{escape(_detail_value(getattr(record, c)))}</td></tr>"
         for c in COLUMNS
         if c not in ("message", "repro")
-    ) + f"<tr><th>allowed (rel_err / ratio)</th><td>{escape(_full(allowed(record)))}</td></tr>"
+    ) + f"<tr><th>allowed (rel_err / ratio)</th><td>{escape(_detail_value(allowed(record)))}</td></tr>"
     ratio = format_metric(record.ratio) or "n/a"
+    diagnosis = f" &middot; {escape(diagnosis_label(record))}" if record.diagnosis else ""
     return (
         f'<details id="{escape(anchor)}" data-status="{record.status}">'
         f'<summary><span class="s-{record.status}">{record.status}</span> '
-        f"<code>{escape(record.case_id)}</code> &middot; {escape(record.check)} &middot; ratio {ratio}</summary>"
+        f"<code>{escape(record.case_id)}</code> &middot; {escape(record.check)} &middot; ratio {ratio}{diagnosis}</summary>"
         f'<table class="fields">{rows}</table>'
         f'<div>message</div><pre class="message">{escape(record.message)}</pre>'
         f'<div>repro</div><pre><code class="repro">{escape(record.repro)}</code></pre>'

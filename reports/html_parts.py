@@ -18,7 +18,7 @@ BASE_CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #222; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
 th, td { border: 1px solid #ccc; padding: 0.2rem 0.45rem; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.sortable th { cursor: pointer; background: #f3f3f3; position: sticky; top: 0; }
 table.sortable th[aria-sort=ascending]::after { content: " \\25B2"; }
 table.sortable th[aria-sort=descending]::after { content: " \\25BC"; }
@@ -27,8 +27,10 @@ table.sortable th[aria-sort=descending]::after { content: " \\25BC"; }
 .s-unsupported, .s-skipped { background: #e6e6e6; color: #555; }
 dl.context { display: grid; grid-template-columns: max-content auto; gap: 0.15rem 1rem; }
 dl.context dt { font-weight: 600; }
-dl.context dd { margin: 0; }
+dl.context dd { margin: 0; overflow-wrap: anywhere; }
 #filters { display: flex; flex-wrap: wrap; gap: 0.5rem 1rem; align-items: center; }
+table.sortable { font-size: 0.875rem; }
+div.clip { max-width: max(12rem, 100vw - 80rem); white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 """
 """Styling common to every report: tables, status colours, context list, filter bar."""
 
@@ -144,6 +146,11 @@ def data_value(value: object) -> str:
             return "Infinity" if value > 0 else "-Infinity"
         return repr(value)
     return str(value)
+
+
+def case_id_html(case_id: str) -> str:
+    """A case id escaped, with a line-break opportunity after each '/' (ids run to 125 characters)."""
+    return escape(case_id).replace("/", "/<wbr>")
 
 
 def label(column: str) -> str:

@@ -2,7 +2,8 @@
 
 `render_markdown` gives the verdict, status counts, the worst ratio per
 parameter dtype and at most `max_rows` worst records (rel_err next to the whole
-allowance and the policy's rtol, reports.derived), then names the HTML
+allowance and the policy's rtol, reports.derived; failing ones with their
+diagnosis, clipped to `DIAGNOSIS_CHARS`), then names the HTML
 artifact that holds everything else. Its size is bounded by `max_rows` and
 the number of distinct dtypes, never by the number of records.
 """
@@ -15,7 +16,11 @@ import re
 
 from reports import tp_table
 from reports.derived import allowed, title
-from reports.records import STATUSES, Record, RunInfo, format_metric, group_by, status_counts, worst_first, worst_ratio
+from reports.records import (STATUSES, Record, RunInfo, format_metric, group_by, harness_text, status_counts, worst_first,
+                             worst_ratio)
+
+DIAGNOSIS_CHARS = 160
+"""Characters of a diagnosis shown in a table cell (the report's details hold all of it)."""
 
 
 def render_markdown(
@@ -59,7 +64,8 @@ def code_span(value: str) -> str:
 def _context(info: RunInfo) -> str:
     return (
         f"Backends: {cell_text(info.backends)} · torch {cell_text(info.torch_version)} · "
-        f"commit {cell_text(info.commit or 'unknown')} · started {cell_text(info.started)} · {info.seconds:.1f} s"
+        f"judged code {cell_text(info.judged.named())} · harness {cell_text(harness_text(info.harness, info.commit))} · "
+        f"started {cell_text(info.started)} · {info.seconds:.1f} s"
     )
 
 
@@ -88,12 +94,18 @@ def _worst_table(ordered: list[Record], failing: list[Record], max_rows: int) ->
     else:
         rows = [r for r in ordered if not math.isnan(r.ratio)]
         title = f"## Worst records by ratio ({min(max_rows, len(rows))} of {len(rows)}, none failing)"
+    diagnosed = bool(failing)
     lines = [title, "", "A check passes iff rel_err <= allowed (rtol plus the storage-rounding term; rtol alone "
-             "is the policy's share).", "", "| status | case id | check | ratio | rel_err | allowed | rtol |",
-             "|---|---|---|---:|---:|---:|---:|"]
+             "is the policy's share).", "", "| status | case id | check | ratio | rel_err | allowed | rtol |"
+             + (" diagnosis |" if diagnosed else ""), "|---|---|---|---:|---:|---:|---:|" + ("---|" if diagnosed else "")]
     lines += [
         f"| {r.status} | {code_span(r.case_id)} | {cell_text(r.check)} | {format_metric(r.ratio)} | "
         f"{format_metric(r.rel_err)} | {format_metric(allowed(r))} | {format_metric(r.tolerance)} |"
+        + (f" {cell_text(_clip(r.diagnosis))} |" if diagnosed else "")
         for r in rows[:max_rows]
     ]
     return "\n".join(lines)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= DIAGNOSIS_CHARS else text[:DIAGNOSIS_CHARS] + "\u2026"

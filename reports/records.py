@@ -33,7 +33,7 @@ STATUSES = ("fail", "error", "pass", "unsupported", "skipped")
 
 FAILING = frozenset({"fail", "error"})
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 6
 """Version of the stored-run schema (`Record` columns, run.json keys). History:
 
   1  the columns case_id .. seconds; run.json unversioned (runs stored before versioning)
@@ -42,6 +42,10 @@ SCHEMA_VERSION = 4
   3  the column diagnosis: the likely kind of bug behind a failing case (harness/judging/diagnosis.py)
   4  a column for every case axis the id names and no column held: adjust_lr, nesterov, weight_decay,
      steps, grad, seed, fraction, scope (cases/schema.py); a run stored before gets them from its ids
+  5  the hyper-parameter columns lr, momentum, beta2, ef_decay (ids name them where they are not their
+     defaults); a run stored before gets them from its ids
+  6  run.json holds judged and harness, the `CodeIdentity` of the code judged (the target's module) and of
+     the harness that judged it; a run stored before has neither (its commit is the harness checkout's)
 """
 
 
@@ -189,6 +193,54 @@ def status_counts(records: Iterable[Record]) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class CodeIdentity:
+    """Which code ran: a module, the file it was imported from, the installed distribution that holds
+    that very file (name and version) and the git checkout holding it (its HEAD commit, and `dirty`:
+    whether tracked files differ from that commit). Empty where unknown (harness/targets/identity.py
+    finds them)."""
+
+    module: str = ""
+    file: str = ""
+    distribution: str = ""
+    version: str = ""
+    commit: str = ""
+    dirty: bool = False
+
+    @classmethod
+    def from_context(cls, value: object) -> CodeIdentity:
+        """The identity run.json stores as a JSON object; empty for a run stored before schema version 6."""
+        if not isinstance(value, dict):
+            return cls()
+        return cls(**{f.name: value[f.name] for f in fields(cls) if f.name in value})
+
+    def describe(self) -> str:
+        """"tiny-muon 0.3.0, commit 1a2b3c4d5e6f (dirty)": what is known of the version; "unversioned" for
+        a module neither installed nor in git; "unknown" for an empty identity (a run stored before)."""
+        known = [f"{self.distribution} {self.version}"] if self.distribution else []
+        if self.commit:
+            known.append(f"commit {self.commit[:12]}" + (" (dirty)" if self.dirty else ""))
+        return ", ".join(known) or ("unversioned" if self.module else "unknown")
+
+    def named(self) -> str:
+        """"tiny_muon.adapter (tiny-muon 0.3.0, commit 1a2b3c4d5e6f)": the module and `describe()`."""
+        return f"{self.module} ({self.describe()})" if self.module else "unknown"
+
+    def same_code(self, other: CodeIdentity) -> bool | None:
+        """True when both are the same module at the same clean commit or, outside git, of the same installed
+        distribution version; False when they differ in module, commit or version; None when it cannot be
+        told (a side unknown or dirty, or one side in git and the other not)."""
+        if not (self.module and other.module):
+            return None
+        if self.module != other.module:
+            return False
+        if self.commit and other.commit:
+            return None if self.dirty or other.dirty else self.commit == other.commit
+        if self.commit or other.commit or not (self.distribution and other.distribution):
+            return None
+        return (self.distribution, self.version) == (other.distribution, other.version)
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """Context of one run, shown at the top of every report."""
 
@@ -200,10 +252,25 @@ class RunInfo:
     seconds: float
     torch_version: str
     commit: str = ""
+    """The harness checkout's short commit (empty outside git)."""
     selection: tuple[str, ...] = ()
     """The --select patterns (empty: the whole tier)."""
     interrupted: str = ""
     """Why the run stopped before its last case (e.g. "SIGTERM after 12 of 40 cases"); empty if complete."""
+    scope: str = ""
+    """How much the run judged of what the target supports (harness/judging/scope.py)."""
+    thin: str = ""
+    """Why the run judged too little to mean anything; empty if it did not."""
+    judged: CodeIdentity = CodeIdentity()
+    """The code judged: the identity of the target's module."""
+    harness: CodeIdentity = CodeIdentity()
+    """The harness that judged it: the identity of the `harness` package."""
+
+
+def harness_text(harness: CodeIdentity, commit: str) -> str:
+    """The harness that judged a run, as reports show it: its identity, or for a run stored before schema
+    version 6 the commit it recorded."""
+    return harness.describe() if harness.module else f"commit {commit or 'unknown'}"
 
 
 def group_by(records: Iterable[Record], field: str) -> dict[str, list[Record]]:

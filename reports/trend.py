@@ -9,11 +9,13 @@ log scale, with the tolerance (ratio 1) marked. No JavaScript library, no networ
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
-from reports.html_parts import BASE_CSS, context_list, data_value, escape, label, page
+from reports.html_parts import BASE_CSS, case_id_html, context_list, data_value, escape, label, page
 from reports.records import Record, format_metric, group_by, worst_ratio
 
 Run = tuple[dict[str, Any], list[Record]]
@@ -52,6 +54,19 @@ def render_trend_html(runs: list[Run]) -> str:
         _charts(ordered, dates),
     ))
     return page(f"Muon conformance trend over {len(ordered)} runs", _CSS, body)
+
+
+def repeated(contexts: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Pairs (i, j), i < j, of contexts (as from `load_run`) of one stored run: the same directory, or
+    a copy (every other context entry equal: date, duration to the last digit, results digests)."""
+    def identity(ctx: dict[str, Any]) -> tuple[str | None, str]:
+        rest = {k: v for k, v in ctx.items() if k != "path"}
+        where = str(Path(ctx["path"]).resolve()) if "path" in ctx else None
+        return where, json.dumps(rest, sort_keys=True, default=str)
+
+    keys = [identity(ctx) for ctx in contexts]
+    return [(i, j) for j in range(len(keys)) for i in range(j)
+            if (keys[i][0] is not None and keys[i][0] == keys[j][0]) or keys[i][1] == keys[j][1]]
 
 
 def _series(runs: list[list[Record]]) -> dict[tuple, list[float]]:
@@ -121,7 +136,8 @@ def _series_row(row: dict[str, object], values: list[float]) -> str:
     attrs = "".join(f' data-{c}="{escape(data_value(row[c]))}"' for c in SERIES_COLUMNS)
     cells = "".join(
         f'<td class="num">{format_metric(row[c]) if isinstance(row[c], float) else row[c]}</td>'
-        if c in NUMERIC_COLUMNS else f"<td>{escape(row[c])}</td>"
+        if c in NUMERIC_COLUMNS else f"<td>{case_id_html(str(row[c]))}</td>" if c == "case_id"
+        else f"<td>{escape(row[c])}</td>"
         for c in SERIES_COLUMNS
     )
     return f"<tr{attrs}>{cells}<td>{_sparkline(values)}</td></tr>"

@@ -1,22 +1,26 @@
 """Release hygiene: every change to the tolerance policy or the record columns is in CHANGELOG.md.
 
-A digest of each is recorded in the changelog entry that last changed it. When the policy table
-(every constant of harness/policy/tolerance.py) or the columns of reports.records.Record change, the
-digest changes and this test fails until a changelog entry says why and records the new digest.
+A digest of each is recorded in the changelog entry that last changed it. When the policy (every constant
+of the modules of harness/policy, the calibrators aside, and every entry of its measured tables) or the
+columns of reports.records.Record change, the digest changes and this test fails until a changelog entry
+says why and records the new digest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import inspect
 import json
 import math
+import pkgutil
 import re
 import types
 from pathlib import Path
 
-from harness.policy import tolerance
+import harness.policy
+from harness.policy import tables
 from reports.records import Record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,19 +52,25 @@ def digest(value: object) -> str:
 
 
 def policy_constants(module: types.ModuleType) -> dict[str, object]:
-    """The module's constants: public names that are not modules, classes or functions, or typing aliases."""
+    """The module's constants: public names that are not modules, classes, functions, paths or type aliases."""
     return {name: value for name, value in vars(module).items()
             if not name.startswith("_") and not inspect.ismodule(value) and not inspect.isclass(value)
             and not inspect.isfunction(value) and getattr(value, "__module__", None) != "typing"
-            and name != "annotations"}
+            and not isinstance(value, (types.GenericAlias, Path)) and name != "annotations"}
+
+
+def policy_modules() -> list[types.ModuleType]:
+    """The modules of harness/policy whose constants decide an allowance (the calibrators measure, they do not
+    decide)."""
+    return [importlib.import_module(f"harness.policy.{m.name}") for m in pkgutil.iter_modules(harness.policy.__path__)
+            if not m.ispkg]
 
 
 def policy_values() -> dict[str, object]:
-    """What decides a tolerance: harness/policy/tolerance.py's constants and the measured worst errors it
-    reads (harness/tolerance_measured/*.json, entries only: re-measuring the same worsts is no change)."""
-    constants = {k: v for k, v in policy_constants(tolerance).items() if k != "MEASURED_DIR"}
-    measured = {path.name: json.loads(path.read_text())["entries"]
-                for path in sorted(tolerance.MEASURED_DIR.glob("*.json"))}
+    """What decides an allowance: the constants of every policy module (by module.NAME) and every measured
+    table's entries (harness/policy/data/*.json; entries only: re-measuring the same worsts is no change)."""
+    constants = {f"{m.__name__}.{k}": v for m in policy_modules() for k, v in policy_constants(m).items()}
+    measured = {path.name: json.loads(path.read_text())["entries"] for path in sorted(tables.DATA_DIR.glob("*.json"))}
     return {**constants, "measured": measured}
 
 
@@ -77,11 +87,16 @@ def test_digests_follow_what_they_cover():
     """Negative controls: the digest moves when a constant, a measured worst or a column changes, and
     not when only dict order does."""
     values = policy_values()
-    assert "STORAGE_ULPS" in values and "COEFFICIENT_SAFETY" in values and values["measured"]
-    assert digest({**values, "COEFFICIENT_SAFETY": 3.0}) != digest(values)
+    safety = "harness.policy.allowance.SAFETY"
+    assert "harness.policy.bounds.STORAGE_ULPS" in values and safety in values and values["measured"]
+    assert set(values["measured"]) == {"bf16_drift_noise.json", "bf16_noise.json", "tolerance_cpu.json",
+                                       "tolerance_cuda.json"}
+    doubled = {**values[safety], "noise": dataclasses.replace(values[safety]["noise"], factor=6.0)}
+    assert digest({**values, safety: doubled}) != digest(values)
     name, entries = next(iter(values["measured"].items()))
     key = next(iter(entries))
-    worse = {**entries, key: {**entries[key], "worst": 2 * entries[key]["worst"] + 1.0}}
+    stat = next(iter(entries[key]["worst"]))
+    worse = {**entries, key: {**entries[key], "worst": {stat: 2 * entries[key]["worst"][stat] + 1.0}}}
     assert digest({**values, "measured": {**values["measured"], name: worse}}) != digest(values)
     reordered = {**values, "measured": {name: dict(reversed(list(entries.items())))}}
     assert digest(reordered) == digest({**values, "measured": {name: entries}})
@@ -93,8 +108,8 @@ def test_changelog_records_the_current_tolerance_policy():
     text = CHANGELOG.read_text()
     wanted = f"tolerance policy `{policy_digest()}`"
     assert wanted in text, (
-        f"harness/policy/tolerance.py changed: add a CHANGELOG.md entry under Unreleased that says which "
-        f"tolerance changed and why, ending with: Digest: {wanted}.")
+        f"the policy (harness/policy) changed: add a CHANGELOG.md entry under Unreleased that says which "
+        f"allowance changed and why, ending with: Digest: {wanted}.")
 
 
 def test_changelog_records_the_current_record_columns():

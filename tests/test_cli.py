@@ -10,6 +10,8 @@ import json
 import math
 import os
 import re
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,7 +72,8 @@ def test_an_unusable_out_is_a_usage_error_before_any_case_runs(tmp_path, capsys,
     a_file.write_text("x")
     assert "exists and is not a directory" in usage_error(capsys, ["run", "--select", CASE, "--out", str(a_file)])
     assert "cannot write there" in usage_error(capsys, ["run", "--select", CASE, "--out", str(a_file / "sub")])
-    assert "cannot write there" in usage_error(capsys, ["run", "--select", CASE, "--out", "/proc/harness-out"])
+    assert "0.0 MiB free on its filesystem" in usage_error(capsys, ["run", "--select", CASE, "--out",
+                                                                    "/proc/harness-out"])
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
@@ -89,6 +92,55 @@ def test_a_target_that_raises_on_import_is_a_usage_error(tmp_path, capsys, monke
     monkeypatch.syspath_prepend(str(tmp_path))
     line = usage_error(capsys, ["run", "--target", "broken_target:target", "--out", str(tmp_path / "out")])
     assert "broken_target:target" in line and "RuntimeError: cannot find my GPU kernels" in line
+
+
+USER_MODULE = """
+import torch
+
+from harness.targets.ours import OursMuon
+
+
+class TinyMuon(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.02):
+        super().__init__(params, dict(lr=lr))
+
+
+def make(momentum):
+    return OursMuon()
+
+
+def not_a_target():
+    return TinyMuon([torch.zeros(2, requires_grad=True)])
+"""
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("tourch", "error: target 'tourch' is neither an alias nor MODULE:CALLABLE; did you mean 'torch'?"),
+    ("ours-trition", "error: target 'ours-trition' is neither an alias nor MODULE:CALLABLE; did you mean 'ours-triton'?"),
+    ("qqqq", "error: target 'qqqq' is neither an alias nor MODULE:CALLABLE (the 25 aliases: harness.targets.ALIASES)"),
+    ("user_module:TinyMuon", "error: target 'user_module:TinyMuon': the callable must return a harness Target, and "
+                             "TinyMuon is a torch.optim.Optimizer class that needs params; name a function that "
+                             "returns an adapter (OptimizerTarget)"),
+    ("user_module:make", "and make is a callable that needs momentum;"),
+    ("user_module:not_a_target", "error: target 'user_module:not_a_target': the callable must return a harness "
+                                 "Target; not_a_target() returned TinyMuon"),
+])
+def test_a_target_that_is_no_target_factory_is_a_short_usage_error(tmp_path, capsys, monkeypatch, no_case_runs,
+                                                                    spec, expected):
+    """A typo'd alias names the nearest alias, not all of them; a class or a function that needs arguments,
+    or one that returns no Target, says that the callable must return a harness Target."""
+    (tmp_path / "user_module.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = usage_error(capsys, ["run", "--target", spec, "--out", str(tmp_path / "out")])
+    assert expected in line and len(line) < 250, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spec, name", [("torch", "torch"), ("harness.targets.ours:OursMuon", "ours"),
+                                        ("harness.targets.ours:target", "ours")])
+def test_an_alias_a_target_class_and_a_factory_load(spec, name):
+    """The positive side of the test above: what it refuses is only what is no Target factory."""
+    assert cli.load_target(spec).name == name
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -144,7 +196,8 @@ def test_run_select_with_a_baseline_compares_only_the_selected_cases(tmp_path, c
 
 @pytest.mark.parametrize("command", ["diff", "trend"])
 def test_diff_and_trend_write_outside_the_runs_they_read(tmp_path, capsys, monkeypatch, command):
-    base, head = stored(tmp_path / "base", [rec(CASE)]), stored(tmp_path / "head", [rec(CASE)])
+    base = stored(tmp_path / "base", [rec(CASE)])
+    head = stored(tmp_path / "head", [rec(CASE)], started="2025-01-03T03:04:05+00:00")  # another run
     before = sorted(p.name for p in base.iterdir())
     for out in (base, head / "sub"):
         assert "a run this command reads" in usage_error(capsys, [command, str(base), str(head), "--out", str(out)])
@@ -226,7 +279,7 @@ def test_sigint_writes_the_finished_cases_marked_incomplete(tmp_path):
 def test_timeout_reaches_the_runner(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout, pictures):
+    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout, pictures, journal):
         seen[backend] = timeout
         return []
 
@@ -235,3 +288,170 @@ def test_timeout_reaches_the_runner(tmp_path, monkeypatch):
     assert seen == {"cpu": 7.5}
     assert cli.main(["run", "--select", CASE, "--out", str(tmp_path / "b"), "--quiet"]) == 1  # nothing checked
     assert seen == {"cpu": None} and json.loads((tmp_path / "b" / "run.json").read_text())["complete"] is True
+
+
+def test_out_at_a_stored_run_is_refused_unless_replace_and_so_is_a_folder_of_other_files(tmp_path, capsys,
+                                                                                        no_case_runs):
+    old = stored(tmp_path / "old", [rec(CASE)])
+    line = usage_error(capsys, ["run", "--select", CASE, "--out", str(old)])
+    assert "holds a stored run; --replace replaces it" in line
+    assert "--replace" in cli._parser()._subparsers._group_actions[0].choices["run"].format_help()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "thesis.tex").write_text("mine")
+    for extra in ([], ["--replace"]):
+        assert "holds 1 entries and no stored run" in usage_error(capsys, ["run", "--select", CASE, "--out",
+                                                                           str(busy), *extra])
+    assert [p.name for p in busy.iterdir()] == ["thesis.tex"]
+    assert [r.case_id for r in cli.load_run(old)[0]] == [CASE]
+
+
+def test_out_at_the_filesystem_root_writes_nothing_there(capsys, no_case_runs):
+    before = sorted(os.listdir("/"))
+    line = usage_error(capsys, ["run", "--select", CASE, "--out", "/"])
+    assert "--out /: the filesystem root cannot hold a run" in line
+    assert sorted(os.listdir("/")) == before
+
+
+def test_replace_swaps_the_stored_run_for_the_new_one(tmp_path, capsys):
+    old = stored(tmp_path / "out", [rec("old/id", status="fail", ratio=9.0)], tier="nightly")
+    assert cli.main(["run", "--select", CASE, "--out", str(old), "--replace", "--quiet"]) == 0
+    records, context = cli.load_run(old)
+    assert {r.case_id for r in records} == {CASE} and context["tier"] == "ci"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+
+
+def test_a_second_writer_to_the_same_out_is_refused_while_the_first_runs(tmp_path):
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "harness", "run", "--tier", "nightly", "--select", "linear",
+                              "--out", str(out)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in first.stderr:  # the first status line: the run holds its folder and judges cases
+            if line.startswith("["):
+                break
+        second = subprocess.run([sys.executable, "-m", "harness", "run", "--select", CASE, "--out", str(out)],
+                                cwd=ROOT, capture_output=True, text=True, timeout=300)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1, second.stderr
+        assert f"another run (process {first.pid}) is writing there" in lines[0]
+        first.send_signal(signal.SIGINT)
+        first.stderr.read()
+        assert first.wait(timeout=120) == 128 + signal.SIGINT
+    finally:
+        first.kill()
+        first.wait()
+    records, context = cli.load_run(out)
+    assert records and context["complete"] is False and all("linear" in r.case_id for r in records)
+
+
+def test_a_file_size_limit_is_refused_before_any_case_and_the_old_run_stays(tmp_path):
+    old = stored(tmp_path / "out", [rec(OTHER)])
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+
+    result = subprocess.run([sys.executable, "-m", "harness", "run", "--select", CASE, "--out", str(old), "--replace"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "files are limited to 1.0 MiB (ulimit -f)" in lines[0]
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    assert [r.case_id for r in cli.load_run(old)[0]] == [OTHER]
+
+
+KILLED_WRITE = """
+import sys, time
+import reports.store
+def pause(records, path):
+    open(path, "w").write("case_id")
+    print("PAUSED", flush=True)
+    time.sleep(600)
+reports.store.write_csv = pause
+from harness.apps.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_while_it_writes_leaves_the_old_run_and_no_lock(tmp_path):
+    old = stored(tmp_path / "out", [rec(OTHER)])
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITE, "run", "--select", CASE, "--out", str(old),
+                              "--replace", "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "PAUSED\n"
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+    assert [r.case_id for r in cli.load_run(old)[0]] == [OTHER]
+    assert cli.main(["run", "--select", CASE, "--out", str(old), "--replace", "--quiet"]) == 0
+    assert {r.case_id for r in cli.load_run(old)[0]} == {CASE}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_store_is_one_line_and_exit_2_in_diff_and_before_any_case_in_run_baseline(tmp_path, capsys,
+                                                                                            no_case_runs):
+    base, head = stored(tmp_path / "base", [rec(CASE)]), stored(tmp_path / "head", [rec(CASE)], seconds=2.0)
+    flip(base / "results.parquet", 11)
+    expected = "results.parquet is not the file this run wrote"
+    assert expected in usage_error(capsys, ["diff", str(base), str(head), "--out", str(tmp_path / "d")])
+    assert expected in usage_error(capsys, ["run", "--select", CASE, "--baseline", str(base), "--out",
+                                            str(tmp_path / "o")])
+    assert not (tmp_path / "d").exists() and not (tmp_path / "o").exists()
+    context = json.loads((head / "run.json").read_text())
+    (head / "run.json").write_text(json.dumps({**context, "files": None}))
+    assert "files=None" in usage_error(capsys, ["diff", str(head), str(head), "--out", str(tmp_path / "d")])
+
+
+def test_a_store_without_digests_is_refused_unless_allow_undigested(tmp_path, capsys):
+    base, head = stored(tmp_path / "base", [rec(CASE)]), stored(tmp_path / "head", [rec(CASE)], seconds=2.0)
+    (base / "run.json").unlink()
+    line = usage_error(capsys, ["diff", str(base), str(head), "--out", str(tmp_path / "d")])
+    assert "no digests vouch for results.parquet" in line and "--allow-undigested" in line
+    assert cli.main(["diff", str(base), str(head), "--out", str(tmp_path / "d"), "--allow-undigested",
+                     "--force"]) == 0
+
+
+def test_trend_refuses_runs_of_different_tiers_unless_forced_and_one_run_twice(tmp_path, capsys):
+    ci = stored(tmp_path / "ci", [rec(CASE)])
+    later = stored(tmp_path / "later", [rec(CASE, ratio=0.7)], started="2025-01-03T03:04:05+00:00")
+    nightly = stored(tmp_path / "nightly", [rec(CASE)], tier="nightly", started="2025-01-04T03:04:05+00:00")
+    out = ["--out", str(tmp_path / "t")]
+    assert "not comparable (tier 'ci' vs 'nightly')" in usage_error(capsys, ["trend", str(ci), str(nightly), *out])
+    assert "are the same run" in usage_error(capsys, ["trend", str(ci), str(later), str(ci), *out])
+    shutil.copytree(ci, tmp_path / "copy")
+    assert "are the same run" in usage_error(capsys, ["trend", str(ci), str(tmp_path / "copy"), *out])
+    assert not (tmp_path / "t").exists()
+    assert cli.main(["trend", str(ci), str(later), *out]) == 0  # negative control: two runs of one tier
+    assert cli.main(["trend", str(ci), str(later), str(nightly), "--force", *out]) == 0
+    assert "over 3 runs" in (tmp_path / "t" / "trend.html").read_text()
+
+
+FULL_DISK = """
+import errno, os, sys
+import reports.store
+def full(records, path):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+reports.store.write_csv = full
+from harness.apps.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_write_that_fails_after_the_cases_ran_is_one_line_exit_2_and_the_old_run_stays(tmp_path):
+    """A disk that fills while the run is written (after every check passed): one line, no traceback."""
+    old = stored(tmp_path / "out", [rec(OTHER)])
+    result = subprocess.run([sys.executable, "-c", FULL_DISK, "run", "--select", CASE, "--out", str(old),
+                             "--replace", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "the run could not be stored (No space left on device: " in lines[0] and "as it was" in lines[0]
+    assert [r.case_id for r in cli.load_run(old)[0]] == [OTHER]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -1,5 +1,5 @@
 """benchmarks/deepspeed_autotp.py's comparison (the DeepSpeed run itself needs deepspeed and
-transformers and minutes; its figures are stored in benchmarks/results/): tp=2 shards are put back on
+transformers and minutes; its figures are in docs/performance.md §11): tp=2 shards are put back on
 AutoTP's split dim in rank order before they are compared with the tp=1 update."""
 
 from __future__ import annotations

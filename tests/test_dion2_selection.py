@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from optimizers.algorithms.dion2 import (error_feedback, gather_selected, reduced_dims, scatter_selected, select_count,
-                                         selects_rows, slice_norms, top_k_mask)
+from optimizers.algorithms.dion2 import (FP64_NORM_SCALE, error_feedback, gather_selected, reduced_dims,
+                                         scatter_selected, select_count, selects_rows, slice_norms, top_k_mask)
 from oracles import select
 
 GEN = torch.Generator().manual_seed(7)
@@ -33,8 +33,11 @@ def test_select_count():
 def test_slices_of_a_flattened_conv_are_output_channels_or_columns():
     m = torch.randn(8, 4, 3, 3, generator=GEN)
     assert selects_rows((8, 4, 3, 3), True, False) and not selects_rows((40, 2, 2, 2), True, False)
-    assert torch.allclose(slice_norms(m, reduced_dims(4, True, True)).flatten(), m.reshape(8, -1).abs().sum(1))
-    assert torch.allclose(slice_norms(m, reduced_dims(4, True, False)).flatten(), m.reshape(8, -1).abs().sum(0))
+    flat = m.reshape(8, -1).double()  # the norms are fp64 sums (of an fp64 m: times FP64_NORM_SCALE)
+    assert torch.allclose(slice_norms(m, reduced_dims(4, True, True)).flatten(), flat.abs().sum(1))
+    assert torch.allclose(slice_norms(m, reduced_dims(4, True, False)).flatten(), flat.abs().sum(0))
+    assert torch.allclose(slice_norms(m.double(), reduced_dims(4, True, True)).flatten(),
+                          flat.abs().sum(1) * FP64_NORM_SCALE)
     assert slice_norms(m, reduced_dims(4, False, True)).shape == (8, 4, 3, 1)  # unflattened: kernel rows
 
 

@@ -120,7 +120,7 @@ def test_main_keeps_the_budget_stores_everything_and_packs_one_tarball(tmp_path,
     state = {r["name"]: (r["started"], r["cut"]) for r in timings["launches"]}
     assert state == {"nccl-ws2": (True, False), "gloo-ws2": (True, True), "nccl-ws3": (False, True),
                      "gloo-ws3": (False, True)}
-    records, _ = load_run(folder)
+    records, _ = load_run(folder / "all")
     assert {r.backend for r in records} == {"nccl", "gloo"}
     summary = (folder / "summary.md").read_text()
     assert "not started (budget)" in summary and "CUT by the budget" in summary and "checks per GPU-hour" in summary
@@ -131,7 +131,7 @@ def test_main_keeps_the_budget_stores_everything_and_packs_one_tarball(tmp_path,
     (tarball,) = (tmp_path / "out").iterdir()
     with tarfile.open(tarball) as tar:
         names = set(tar.getnames())
-    for inside in ("summary.md", "results.parquet", "timings.json", "runs/nccl-ws2/results.parquet",
+    for inside in ("summary.md", "all/results.parquet", "timings.json", "runs/nccl-ws2/results.parquet",
                    "logs/gloo-ws2.log", "diffs/ws2/diff.md"):
         assert f"{folder.name}/{inside}" in names
 

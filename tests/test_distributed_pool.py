@@ -210,7 +210,7 @@ def test_ranks_die_with_a_parent_killed_outright(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_watchdog_alone_ends_a_process_whose_parent_dies(tmp_path):
     """Without the parent-death signal (other platforms), the watchdog thread still ends the rank."""
-    grandchild = ("import os, time\nfrom harness.running.pool import watch_parent\nwatch_parent(os.getppid())\n"
+    grandchild = ("import os, time\nfrom harness.running.processes import watch_parent\nwatch_parent(os.getppid())\n"
                   "print('watching', flush=True)\ntime.sleep(600)\n")
     middle = (f"import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
               f"print(p.pid, flush=True)\ntime.sleep(600)\n")

@@ -1,8 +1,9 @@
-"""The fused elementwise kernels (optimizers/elementwise_triton.py, switched on by optimizers.elementwise.TRITON):
+"""The fused elementwise kernels (optimizers/elementwise_triton.py, taken under a group's `fused` option):
 Muon with them steps to the same bits as with the torch passes, on every path that reaches them (direct
 half-precision apply, wide and tall, flattened and sliced convolutions, Gram Newton-Schulz iterating in
 fp16, NorMuon's fp32 apply, Nesterov), and they decline, changing nothing, where they cannot run. Skipped
-without triton; on CPU under Triton's interpreter, on CUDA at sizes of real layers too."""
+without triton; on CPU under Triton's interpreter, on CUDA at sizes of real layers too. The symmetric products
+stay torch's here (`fused` fixture), so that a comparison isolates the elementwise kernels."""
 
 from __future__ import annotations
 
@@ -16,19 +17,25 @@ if not torch.cuda.is_available():  # before triton's import, which reads it (thi
 pytest.importorskip("triton")
 
 import optimizers  # noqa: E402
-from optimizers import elementwise, launches  # noqa: E402
+from optimizers import elementwise, launches, symmetric  # noqa: E402
 from optimizers import gram_newton_schulz as gram  # noqa: E402
+from optimizers.kernels import TORCH, Kernels  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(12, 20), (12, 20), (30, 8), (30, 8), (6, 4, 3, 3), (6, 4, 3, 3), (16, 16)]
 """Wide and tall megabatches of two, a conv megabatch, and a single square matrix."""
 
 
+ANY_SIZE = Kernels(on=True, sized=False)
+"""What fused=True takes on this device: the kernels at every size."""
+
+
 @pytest.fixture
 def fused(monkeypatch):
-    """Counts the kernels' launches while a test runs with elementwise.TRITON on."""
+    """Counts the elementwise kernels' launches; the symmetric products stay torch's (their kernel rounds W
+    once: tests/test_symmetric_triton.py), so that fused=True against fused=False compares these kernels only."""
     from optimizers import elementwise_triton as kernels
-    monkeypatch.setattr(elementwise, "MIN_NUMEL", 0)  # the tests' sizes are small
+    monkeypatch.setattr(symmetric, "_kernel_for", lambda a, chosen: None)
     calls = {"momentum": 0, "apply": 0, "divide": 0}
     for name in calls:
         name = f"{name}_" if name != "divide" else name
@@ -41,21 +48,16 @@ def fused(monkeypatch):
     return calls
 
 
-def trajectory(triton: bool, shapes, steps=3, algorithm=optimizers.Muon, **options):
-    """The parameters after `steps` steps of seeded gradients, with the kernels on or off."""
-    before = elementwise.TRITON
-    elementwise.TRITON = triton
-    try:
-        g = torch.Generator().manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(s, generator=g).to(DEVICE)) for s in shapes]
-        opt = algorithm(params, lr=0.02, **options)
-        for _ in range(steps):
-            for p in params:
-                p.grad = torch.randn(p.shape, generator=g).to(DEVICE)
-            opt.step()
-        return [p.detach().cpu() for p in params]
-    finally:
-        elementwise.TRITON = before
+def trajectory(fused, shapes, steps=3, algorithm=optimizers.Muon, **options):
+    """The parameters after `steps` steps of seeded gradients, with the group option `fused`."""
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=g).to(DEVICE)) for s in shapes]
+    opt = algorithm(params, lr=0.02, fused=fused, **options)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(DEVICE)
+        opt.step()
+    return [p.detach().cpu() for p in params]
 
 
 CONFIGS = [
@@ -114,14 +116,10 @@ def test_the_momentum_launch_forms_each_new_buffers_norm(fused, monkeypatch):
     bufs = [torch.randn(s, generator=g).to(DEVICE) for s in shapes]
     grads = [torch.randn(s, generator=g).to(DEVICE) for s in shapes]
     old = [exact_frobenius(b, tuple(range(b.ndim))) for b in bufs]
-    before = elementwise.TRITON
-    elementwise.TRITON = True
-    try:
-        parts = elementwise.momentum_(bufs, grads, 0.9)
-    finally:
-        elementwise.TRITON = before
+    parts = elementwise.momentum_(bufs, grads, 0.9, ANY_SIZE)
     assert parts.shape == (4, 3) and parts.dtype == torch.float64 and fused["momentum"] == 1
-    got = elementwise.norms(parts)
+    assert elementwise.norms(parts).dtype == torch.float64  # left in fp64: the normaliser scales, then rounds
+    got = elementwise.norms(parts).float()
     want = torch.stack([exact_frobenius(b, tuple(range(b.ndim))) for b in bufs])
     torch.testing.assert_close(got, want, rtol=2**-23, atol=0)
     torch.testing.assert_close(got, torch.stack([torch.linalg.vector_norm(b) for b in bufs]), rtol=2**-22, atol=0)
@@ -137,41 +135,41 @@ def test_normuon_fp32_apply_takes_the_kernel_with_the_same_bits(fused):
 
 
 def test_the_kernels_decline_what_they_cannot_run_and_change_nothing(fused):
-    """fp64 and bf16 parameters, and matrices that do not fit the parameters: False, nothing written."""
-    before = elementwise.TRITON
-    elementwise.TRITON = True
-    try:
-        x64 = torch.ones(4, 6, dtype=torch.float64, device=DEVICE)
-        assert not elementwise.momentum_([x64], [x64.clone()], 0.9)
-        assert not elementwise.apply_([x64], torch.ones(1, 4, 6, device=DEVICE), 0.5, 1.0)
-        x = torch.ones(4, 6, device=DEVICE)
-        assert not elementwise.apply_([x], torch.ones(1, 4, 5, device=DEVICE), 0.5, 1.0)  # 20 elements for 24
-        assert not elementwise.apply_([x], torch.ones(1, 4, 6, dtype=torch.float64, device=DEVICE), 0.5, 1.0)
-        assert torch.equal(x, torch.ones(4, 6, device=DEVICE)) and torch.equal(x64, torch.ones_like(x64))
-        assert fused == {"momentum": 0, "apply": 0, "divide": 0}
-        bf16 = optimizers.Muon([torch.nn.Parameter(torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE))])
-        bf16.param_groups[0]["params"][0].grad = torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE)
-        bf16.step()  # bf16 parameters step by the torch passes
-        assert fused == {"momentum": 0, "apply": 0, "divide": 0}
-    finally:
-        elementwise.TRITON = before
+    """fp64 and bf16 parameters, and matrices that do not fit the parameters: False, nothing written; and
+    nothing at all where the call's kernels are off (fused=False)."""
+    x64 = torch.ones(4, 6, dtype=torch.float64, device=DEVICE)
+    assert not elementwise.momentum_([x64], [x64.clone()], 0.9, ANY_SIZE)
+    assert not elementwise.apply_([x64], torch.ones(1, 4, 6, device=DEVICE), 0.5, 1.0, ANY_SIZE)
+    x = torch.ones(4, 6, device=DEVICE)
+    assert not elementwise.apply_([x], torch.ones(1, 4, 5, device=DEVICE), 0.5, 1.0, ANY_SIZE)  # 20 elements for 24
+    assert not elementwise.apply_([x], torch.ones(1, 4, 6, dtype=torch.float64, device=DEVICE), 0.5, 1.0, ANY_SIZE)
+    assert not elementwise.apply_([x], torch.ones(1, 4, 6, device=DEVICE), 0.5, 1.0, TORCH)
+    assert elementwise.momentum_([x], [x.clone()], 0.9, TORCH) is None
+    assert torch.equal(x, torch.ones(4, 6, device=DEVICE)) and torch.equal(x64, torch.ones_like(x64))
+    assert fused == {"momentum": 0, "apply": 0, "divide": 0}
+    bf16 = optimizers.Muon([torch.nn.Parameter(torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE))], fused=True)
+    bf16.param_groups[0]["params"][0].grad = torch.ones(8, 4, dtype=torch.bfloat16, device=DEVICE)
+    bf16.step()  # bf16 parameters step by the torch passes
+    assert fused == {"momentum": 0, "apply": 0, "divide": 0}
 
 
-def test_off_by_default_the_kernels_never_run(fused):
-    assert elementwise.TRITON is False
+def test_fused_false_never_runs_the_kernels(fused):
     trajectory(False, SHAPES[:2], orthogonalizer="polar_express")
     assert fused == {"momentum": 0, "apply": 0, "divide": 0}
 
 
-def test_launches_below_min_numel_keep_the_torch_passes(fused, monkeypatch):
-    """A group or megabatch of fewer than MIN_NUMEL elements (host-bound: the launch costs more than it
-    saves) is stepped by the torch passes."""
-    monkeypatch.setattr(elementwise, "MIN_NUMEL", 12 * 20 * 2 + 1)
-    trajectory(True, SHAPES[:2], orthogonalizer="gram_newton_schulz", compute_dtype=torch.bfloat16)
-    assert fused == {"momentum": 0, "apply": 0, "divide": 0}
-    monkeypatch.setattr(elementwise, "MIN_NUMEL", 12 * 20 * 2)
-    trajectory(True, SHAPES[:2], orthogonalizer="gram_newton_schulz", compute_dtype=torch.bfloat16)
-    assert fused == {"momentum": 3, "apply": 3, "divide": 3}  # a bf16 request's Gram iteration runs in fp16
+def test_sized_kernels_keep_the_torch_passes_below_min_numel(fused, monkeypatch):
+    """The kernels fused=None takes (on CUDA: optimizers/kernels.py) run a launch of MIN_NUMEL elements or more
+    (host-bound below: the launch costs more than it saves); fused=True's at any size."""
+    monkeypatch.setattr(elementwise, "MIN_NUMEL", 48)
+    bufs = [torch.zeros(4, 6, device=DEVICE) for _ in range(2)]
+    grads = [torch.ones(4, 6, device=DEVICE) for _ in range(2)]
+    sized = Kernels(on=True)
+    assert elementwise.momentum_(bufs[:1], grads[:1], 0.9, sized) is None  # 24 elements
+    assert torch.equal(bufs[0], torch.zeros(4, 6, device=DEVICE)) and fused["momentum"] == 0
+    assert elementwise.momentum_(bufs, grads, 0.9, sized) is not None  # 48
+    assert elementwise.momentum_(bufs[:1], grads[:1], 0.9, ANY_SIZE) is not None
+    assert fused["momentum"] == 2 and torch.equal(bufs[1], grads[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -183,13 +181,9 @@ def test_divide_rounds_as_torch_div_into_a_half_type(fused, dtype, layout):
     x = (torch.randn(3, 20, 7, generator=g) * 300).to(DEVICE)
     x = x.mT if layout == "columns" else x.transpose(-2, -1).contiguous()
     d = (torch.rand(3, 1, 1, generator=g) * 5 + 0.1).to(DEVICE)
-    before = elementwise.TRITON
-    elementwise.TRITON = True
-    try:
-        got = elementwise.divide(x, d, dtype)
-        assert elementwise.divide(x.double(), d, dtype) is None and elementwise.divide(x[:, :, :3], d, dtype) is None
-    finally:
-        elementwise.TRITON = before
+    got = elementwise.divide(x, d, dtype, ANY_SIZE)
+    assert (elementwise.divide(x.double(), d, dtype, ANY_SIZE) is None
+            and elementwise.divide(x[:, :, :3], d, dtype, ANY_SIZE) is None)
     want = torch.div(x, d, out=torch.empty_like(x, dtype=dtype))
     if dtype == torch.bfloat16 and DEVICE == "cpu":  # the interpreter's bf16 conversion truncates: declined
         assert got is None and fused["divide"] == 0

@@ -84,5 +84,5 @@ def test_ours_triton_is_judged_with_the_kernel_running(monkeypatch):
     monkeypatch.setattr(kernel, "symmetric_baddbmm", lambda *a, **k: calls.append(1) or real(*a, **k))
     case = next(c for c in GPU if c.layer == "conv2d_gpu" and c.compute_dtype == "bf16")
     records = run_case(case, load_target("ours-triton"), "ours-triton", "cuda")
-    assert calls and symmetric.TRITON is False
+    assert calls
     assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]

@@ -1,11 +1,14 @@
 """Gram Newton–Schulz: equal to the standard iteration's exact spectral map, restarts, divergence fallback."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
 from optimizers.coefficients import normaliser_scale, schedule
-from optimizers.gram_newton_schulz import GramStats, gram_newton_schulz, gram_steps, normalised, standard_steps
+from optimizers.counters import Stats, counting
+from optimizers.gram_newton_schulz import gram_newton_schulz, gram_steps, normalised, standard_steps
 from oracles import Orthogonalizer, spectral_map
 
 
@@ -45,8 +48,8 @@ def test_square_matrices_take_the_standard_iteration():
     g = torch.from_numpy(matrix(12, 12))[None]
     coefficients = schedule("polar_express", 5)
     direct = standard_steps(normalised(g, 1.01, 1e-7, torch.float64), coefficients)
-    stats = GramStats()
-    assert torch.equal(gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.float64, stats=stats), direct)
+    with counting(Stats()) as stats:
+        assert torch.equal(gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.float64), direct)
     assert stats.gram == 0
 
 
@@ -72,16 +75,20 @@ def test_restarts_matter_in_half_precision():
     assert err[()] > 0.2 and err[(2, 4)] < 0.1, err
 
 
-def test_divergence_is_recomputed_by_the_standard_iteration_and_counted():
+def test_divergence_is_recomputed_by_the_standard_iteration_counted_and_warned_once():
     """bf16 (iterated in fp16, HALF_ITERATES) without restarts on an ill-conditioned wide matrix diverges
-    (spurious negative Gram eigenvalues); the result is the standard iteration's in the requested bf16, and
-    the fallback is counted, not printed."""
+    (spurious negative Gram eigenvalues); the result is the standard iteration's in the requested bf16, the
+    fallback is counted in the counting scope, and the scope's first fallback warns (its second does not)."""
     g = torch.from_numpy(matrix(16, 256, SPECTRA["cond1e6"], seed=1))[None].float()
     coefficients = schedule("polar_express", 5)
-    stats = GramStats()
-    out = gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.bfloat16, restarts=(), stats=stats)
+    with counting(Stats()) as stats:
+        with pytest.warns(RuntimeWarning, match="diverged .* recomputed by the standard iteration"):
+            out = gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.bfloat16, restarts=())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.bfloat16, restarts=())
     standard = standard_steps(normalised(g, 1.01, 1e-7, torch.bfloat16), coefficients).float()
-    assert stats.fallbacks == 1 and stats.gram == 1
+    assert stats.fallbacks == 2 and stats.gram == 2
     assert torch.equal(out, standard)
 
 
@@ -100,7 +107,6 @@ def test_bad_restarts_are_rejected(restarts):
 
 def test_muon_with_gram_newton_schulz_steps_as_the_standard_iteration_in_fp64():
     import optimizers
-    from optimizers.gram_newton_schulz import STATS
 
     gen = torch.Generator().manual_seed(0)
     shapes = [(16, 64)] * 3 + [(8, 4, 3, 3), (40, 6)]
@@ -109,14 +115,18 @@ def test_muon_with_gram_newton_schulz_steps_as_the_standard_iteration_in_fp64():
     for p, q in zip(gram_params, plain):
         p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64)
         q.grad = p.grad.clone()
-    before = STATS.gram
+    counted = []
     for coefficients in ("polar_express", "newton_schulz"):
-        optimizers.Muon(gram_params, orthogonalizer="gram_newton_schulz", ns_coefficients=coefficients,
-                        compute_dtype=torch.float64, flatten=True).step()
-        optimizers.Muon(plain, orthogonalizer=coefficients, compute_dtype=torch.float64, flatten=True).step()
+        opt = optimizers.Muon(gram_params, orthogonalizer="gram_newton_schulz", ns_coefficients=coefficients,
+                              compute_dtype=torch.float64, flatten=True)
+        opt.step()
+        counted.append(opt.stats.gram)
+        plain_opt = optimizers.Muon(plain, orthogonalizer=coefficients, compute_dtype=torch.float64, flatten=True)
+        plain_opt.step()
+        assert plain_opt.stats.gram == 0
         for p, q in zip(gram_params, plain):
             torch.testing.assert_close(p, q, rtol=0, atol=1e-13)
-    assert STATS.gram - before == 2 * 5  # three 16x64 members, a flattened 8x36 conv, a 40x6 matrix, twice
+    assert counted == [5, 5]  # three 16x64 members, a flattened 8x36 conv, a 40x6 matrix, each optimizer's own
 
 
 @pytest.mark.parametrize("options,match", [
@@ -189,8 +199,8 @@ def test_bf16_gram_is_as_accurate_as_fp16_on_low_rank_momenta(m, n):
 def test_known_norms_are_divided_by_and_refused_where_they_do_not_belong(shape, monkeypatch):
     """`orthogonalize(..., norms=)`: Gram Newton–Schulz divides by the norms given (wide, tall and square,
     also in a divergence's fallback: DIVERGED at 0 sends every Gram result there): given the ones it would
-    form, its bits; given others, another result. Norms for another orthogonalizer, or of the wrong shape
-    or dtype, are refused before any work."""
+    form, its bits (also in fp64, as the fused momentum launch gives them); given others, another result.
+    Norms for another orthogonalizer, or of the wrong shape or dtype, are refused before any work."""
     from optimizers import gram_newton_schulz as gram
     from optimizers.orthogonalize import orthogonalize
     from optimizers.norms import frobenius
@@ -202,7 +212,8 @@ def test_known_norms_are_divided_by_and_refused_where_they_do_not_belong(shape, 
         given = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own.clone())
         doubled = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own * 2)
         assert torch.equal(plain, given) and not torch.allclose(plain, doubled, atol=1e-3)
+    assert torch.equal(plain, orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float16, norms=own.double()))
     for name, norms in (("polar_express", own), ("gram_newton_schulz", own[:2]),
-                        ("gram_newton_schulz", own.double())):
+                        ("gram_newton_schulz", own.half())):
         with pytest.raises(ValueError, match="norms"):
             orthogonalize(x, name, 5, 1e-7, torch.float16, norms=norms)

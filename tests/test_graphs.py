@@ -1,15 +1,19 @@
-"""Muon(cuda_graphs=True) (optimizers/graphs.py): which megabatches are captured, the plan's
-eager / capture / replay sequence, a failed capture left eager, the streams' assignment, and the option's check. The CUDA
-graphs themselves: tests/test_perf_cuda.py (bitwise equal to eager on a GPU)."""
+"""The group option cuda_graphs=True (optimizers/graphs.py): which groups and megabatches are captured, the
+plan's eager / capture / replay sequence, a failed capture left eager, the streams' assignment, and the
+option's check. The CUDA graphs themselves: tests/test_perf_cuda.py (bitwise equal to eager on a GPU)."""
 
 from __future__ import annotations
+
+import contextlib
+import dataclasses
 
 import pytest
 import torch
 
-from optimizers import Muon, graphs
+from optimizers import Muon, graphs, plan
 from optimizers import gram_newton_schulz as gram
-from optimizers.algorithms import ADAMW, DION2, MUON, NORMUON
+from optimizers import ADAMW, DION2, MUON, NORMUON
+from optimizers.algorithms.muon import orthogonalize_group
 
 SHAPES = ((6, 10), (6, 10), (10, 6), (4, 3, 2, 2))
 
@@ -28,17 +32,31 @@ def regrad(ps, step):
         p.grad = torch.randn(p.shape, generator=g)
 
 
-@pytest.mark.parametrize("algorithm, orthogonalizer, numel, expected", [
-    (MUON, "polar_express", 60, True), (MUON, "newton_schulz", 60, True), (NORMUON, "polar_express", 60, True),
-    (MUON, "gram_newton_schulz", 60, True), (MUON, "svd", 60, False), (DION2, "polar_express", 60, False),
-    (ADAMW, "polar_express", 60, False), (MUON, "polar_express", graphs.MAX_NUMEL, True),
-    (MUON, "polar_express", graphs.MAX_NUMEL + 1, False), (MUON, "polar_express", 0, False)])
-def test_which_megabatches_are_captured(algorithm, orthogonalizer, numel, expected):
-    assert graphs.captures(algorithm, {"orthogonalizer": orthogonalizer}, numel) is expected
+PLAIN = dataclasses.replace(MUON, orthogonalize=orthogonalize_group)
+"""Muon with its orthogonalize stage replaced by the plain function the stock record runs: it declares nothing."""
+
+
+@pytest.mark.parametrize("algorithm, orthogonalizer, expected", [
+    (MUON, "polar_express", True), (MUON, "newton_schulz", True), (NORMUON, "polar_express", True),
+    (MUON, "gram_newton_schulz", True), (MUON, "svd", False), (DION2, "polar_express", False),
+    (ADAMW, "polar_express", False), (PLAIN, "polar_express", False)])
+def test_which_groups_are_captured(algorithm, orthogonalizer, expected):
+    """A group's megabatches may be captured when it asks for graphs and its stages declare a whole select and
+    an orthogonalize stage that reads only and is captured for its orthogonalizer."""
+    p = torch.nn.Parameter(torch.zeros(4, 6))
+    group = Muon([p], orthogonalizer=orthogonalizer, cuda_graphs=True).param_groups[0]
+    assert plan.paths(algorithm, group).graphs is expected
+    assert plan.paths(algorithm, {**group, "cuda_graphs": False}).graphs is False
+
+
+@pytest.mark.parametrize("numel, expected", [(60, True), (graphs.MAX_NUMEL, True), (graphs.MAX_NUMEL + 1, False),
+                                             (0, False)])
+def test_which_stacks_are_captured(numel, expected):
+    assert graphs.fits(numel) is expected
 
 
 def test_nothing_is_captured_off_cuda():
-    assert not graphs.capturable(MUON, {"orthogonalizer": "polar_express"}, torch.zeros(2, 3, 4))
+    assert not graphs.capturable(torch.zeros(2, 3, 4))
 
 
 CAPTURES: list = []
@@ -67,8 +85,7 @@ def fake_cuda(monkeypatch):
     CAPTURES.clear()
     monkeypatch.setattr(graphs.PlanGraphs, "_capture", fake_capture)
     monkeypatch.setattr(graphs.PlanGraphs, "_replay", fake_replay)
-    monkeypatch.setattr("optimizers.plan.graph_eligible",
-                        lambda algorithm, group, stack: graphs.captures(algorithm, group, stack.numel()))
+    monkeypatch.setattr("optimizers.plan.capturable", lambda stack: graphs.fits(stack.numel()))
 
 
 def test_a_plan_runs_eagerly_then_captures_then_replays_with_the_eager_results(fake_cuda):
@@ -100,10 +117,33 @@ def test_a_new_plan_starts_without_graphs(fake_cuda):
 
 
 def test_an_ineligible_orthogonalizer_stays_eager(fake_cuda):
+    """SVD's group never enters the plan's graph: its megabatches run eagerly, none submitted."""
     opt, ps = make(cuda_graphs=True, orthogonalizer="svd")
     for _ in range(4):
         opt.step()
-    assert CAPTURES == [] and set(opt._cached.graphs.members.values()) == {None} and opt._cached.graphs.graph is None
+    assert CAPTURES == [] and opt._cached.graphs.members == {} and opt._cached.graphs.graph is None
+
+
+def test_cuda_graphs_is_a_group_option(fake_cuda):
+    """Two groups of one optimizer, one asking for graphs: only its megabatches are captured, the other's run
+    eagerly beside the replay, and every parameter steps as with no graph at all."""
+    def two_groups(graphed):
+        g = torch.Generator().manual_seed(3)
+        ps = [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in SHAPES]
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt = Muon([{"params": ps[:2], "cuda_graphs": graphed}, {"params": ps[2:]}], flatten=True)
+        return opt, ps
+    with_graphs, ps = two_groups(True)
+    eager, qs = two_groups(False)
+    for step in range(4):
+        with_graphs.step()
+        eager.step()
+        regrad(ps, step)
+        regrad(qs, step)
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    assert CAPTURES == [(2, 6, 10)] and set(with_graphs._cached.graphs.members) == {(0, 0)}
+    assert eager._cached.graphs.members == {} and with_graphs._cached.graphs.replays == 2
 
 
 def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, monkeypatch):
@@ -116,10 +156,10 @@ def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, 
         eager, qs = make(orthogonalizer="gram_newton_schulz")
         counts = []
         for opt in (with_graphs, eager):
-            gram.STATS.gram = gram.STATS.fallbacks = 0
-            for _ in range(5):
-                opt.step()
-            counts.append((gram.STATS.gram, gram.STATS.fallbacks))
+            with pytest.warns(RuntimeWarning) if diverged == 0.0 else contextlib.nullcontext():
+                for _ in range(5):
+                    opt.step()
+            counts.append((opt.stats.gram, opt.stats.fallbacks))
         assert all(torch.equal(p, q) for p, q in zip(ps, qs))
         assert counts[0] == counts[1] and counts[0][0] > 0, counts
         assert counts[0][1] == (counts[0][0] if diverged == 0.0 else 0)
@@ -155,8 +195,12 @@ def test_off_cuda_the_option_changes_nothing():
 
 def test_cuda_graphs_must_be_a_bool():
     p = torch.nn.Parameter(torch.zeros(3, 3))
-    with pytest.raises(TypeError, match=r"Muon\(cuda_graphs=...\) must be a bool"):
+    with pytest.raises(TypeError, match=r"param group 0: cuda_graphs must be a bool, got 'yes'"):
         Muon([p], cuda_graphs="yes")
+    opt = Muon([p])
+    with pytest.raises(TypeError, match=r"param group 1: cuda_graphs must be a bool"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, 3))], "cuda_graphs": 1})
+    assert len(opt.param_groups) == 1
 
 
 def test_a_megabatch_of_fresh_momentum_buffers_is_captured_reading_their_block(fake_cuda):
@@ -174,8 +218,6 @@ def test_a_megabatch_of_fresh_momentum_buffers_is_captured_reading_their_block(f
 def test_a_variant_that_writes_its_input_never_sees_the_live_block(fake_cuda):
     """A replaced orthogonalize stage is not captured and gets a fresh stack: its in-place writes
     cannot reach the momentum buffers."""
-    import dataclasses
-
     def scribble(mats, group):
         return mats.mul_(0.0).add_(1.0)
 

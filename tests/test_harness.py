@@ -3,6 +3,7 @@
 import math
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -28,7 +29,20 @@ def test_compare_step_metrics_by_hand():
     new = np.array([1.0, 0.5, 0.0, 0.0])
     m = compare_step(prev, new, ref, "fp64", rtol=0.25, storage_ulps=0.0)
     assert m.max_abs == 0.5 and m.rel_err == 0.5 and m.ratio == pytest.approx(2.0)
-    assert m.max_ulp == pytest.approx(0.5 / np.spacing(0.0 + 2.0**-1022), rel=1e-12) or m.max_ulp > 1e300
+    assert m.max_ulp == math.inf  # 0.5 over fp64's spacing at 0, 2^-1074: 2^1073 ulps, beyond float64
+
+
+def test_max_ulp_is_an_exact_count_and_inf_beyond_float64_without_a_warning():
+    """The reproduction: 0.5 / 2^-1074 overflowed in numpy's divide (RuntimeWarning, harness/judging/metrics.py)."""
+    zero, tiny = np.zeros(3), 2.0**-1074
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compare_step(zero, np.array([3 * tiny, 0.0, 0.0]), zero, "fp64", 1.0, 0.0).max_ulp == 3.0
+        assert compare_step(zero, np.array([2.0**-51, 0.0, 0.0]), zero, "fp64", 1.0, 0.0).max_ulp == 2.0**1023
+        assert compare_step(zero, np.array([2.0**-50, 0.0, 0.0]), zero, "fp64", 1.0, 0.0).max_ulp == math.inf
+        ones = np.ones(4)
+        moved = ones + np.array([0.0, 1, 3, -2]) * np.spacing(np.float32(1.0))
+        assert compare_step(ones, moved, ones, "fp32", 1.0, 0.0).max_ulp == 3.0
 
 
 def test_compare_step_zero_update_and_non_finite():

@@ -11,6 +11,7 @@ import pytest
 import harness.apps.cli as cli
 from harness import runner
 from harness.judging.details import Detail, Pictures
+from harness.running import workers
 from harness.running.selection import select
 from harness.targets import load_target
 from reports import load_run
@@ -19,35 +20,28 @@ SELECT = "linear-12x20/mb2/noflat/fp32@bf16/pe"
 
 
 def test_threads_per_job_share_the_cores_out():
-    assert runner.threads_per_job(6, cores=16) == 2
-    assert runner.threads_per_job(1, cores=16) == 16
-    assert runner.threads_per_job(32, cores=16) == 1
-    assert runner.threads_per_job(3, cores=2) == 1
+    assert workers.threads_per_job(6, cores=16) == 2
+    assert workers.threads_per_job(1, cores=16) == 16
+    assert workers.threads_per_job(32, cores=16) == 1
+    assert workers.threads_per_job(3, cores=2) == 1
 
 
-def test_the_pool_workers_get_their_share_of_threads(monkeypatch):
+def test_the_workers_get_their_share_of_threads(monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "99")
-    monkeypatch.setattr(runner, "threads_per_job", lambda jobs, cores=None: 3)
-    pool = runner._pool(2)
-    try:
-        seen = pool.map(_thread_variables, range(2))
-    finally:
-        pool.close()
-        pool.join()
-    assert all(v == {name: "3" for name in runner.THREAD_VARIABLES} for v in seen)
+    monkeypatch.setattr(workers, "threads_per_job", lambda jobs, cores=None: 3)
+    with workers.Workers(2, timeout=60) as pool:
+        seen = [outcome.value for _, outcome in pool.map(_thread_variables, [(0,), (1,)])]
+    assert seen == [{name: "3" for name in workers.THREAD_VARIABLES}] * 2
     import os
     assert os.environ["OPENBLAS_NUM_THREADS"] == "99", "the parent's own setting is restored"
-    pool = runner._pool(1, threads=5)
-    try:
-        assert pool.map(_thread_variables, [0]) == [{name: "5" for name in runner.THREAD_VARIABLES}]
-    finally:
-        pool.close()
-        pool.join()
+    with workers.Workers(1, timeout=60, threads=5) as pool:
+        assert [o.value for _, o in pool.map(_thread_variables, [(0,)])] == [{name: "5" for name in
+                                                                             workers.THREAD_VARIABLES}]
 
 
-def _thread_variables(_: int) -> dict[str, str | None]:
+def _thread_variables(clock, _: int) -> dict[str, str | None]:
     import os
-    return {name: os.environ.get(name) for name in runner.THREAD_VARIABLES}
+    return {name: os.environ.get(name) for name in workers.THREAD_VARIABLES}
 
 
 def test_jobs_give_the_records_and_pictures_of_one_process():
@@ -109,11 +103,12 @@ def test_a_large_error_is_pooled_for_its_picture_and_a_small_one_is_not(monkeypa
 def test_jobs_and_threads_reach_the_runner(tmp_path, monkeypatch):
     seen = []
 
-    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout, pictures, **parallel):
+    def fake_run(cases, target, spec, backend, progress, ranks, *, timeout, pictures, journal, **parallel):
         seen.append(parallel)
         return []
 
     monkeypatch.setattr(cli, "run", fake_run)
     cli.main(["run", "--select", SELECT, "--quiet", "--out", str(tmp_path / "a")])
     cli.main(["run", "--select", SELECT, "--quiet", "--jobs", "3", "--threads", "2", "--out", str(tmp_path / "b")])
-    assert seen == [{}, {"jobs": 3, "threads": 2}]
+    cli.main(["run", "--select", SELECT, "--quiet", "--isolate", "--out", str(tmp_path / "c")])
+    assert seen == [{}, {"jobs": 3, "threads": 2}, {"isolate": True}]

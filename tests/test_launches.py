@@ -16,7 +16,8 @@ if not torch.cuda.is_available():  # before triton's import, which reads it (thi
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import optimizers  # noqa: E402
-from optimizers import elementwise, launches, plan, symmetric  # noqa: E402
+from optimizers import launches, plan  # noqa: E402
+from optimizers.counters import Stats, counting  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -84,13 +85,10 @@ CONFIGS = [
 
 @pytest.fixture
 def kernels_on(monkeypatch):
-    """Both kernel switches on, at the tests' small sizes; the real launches spied on."""
+    """The kernels' modules (triton installed), the real launches spied on; the optimizers of these tests ask
+    for fused=True (`setup`): the kernels at every size, the tests' small ones too."""
     pytest.importorskip("triton")
     from optimizers import elementwise_triton, symmetric_triton
-    monkeypatch.setattr(symmetric, "TRITON", True)
-    monkeypatch.setattr(symmetric, "TRITON_ROWS", 16)
-    monkeypatch.setattr(elementwise, "TRITON", True)
-    monkeypatch.setattr(elementwise, "MIN_NUMEL", 0)
     real: list[launches.Launch] = []
 
     def spy(kernel, grid, *args, **options):
@@ -106,12 +104,12 @@ def specializations(noted):
     return {launches.specialization(item) for item in noted}
 
 
-def setup(config, seed=0):
+def setup(config, seed=0, fused=True):
     g = torch.Generator().manual_seed(seed)
     params = [torch.nn.Parameter(torch.randn(s, generator=g).to(DEVICE)) for s in SHAPES]
     for p in params:
         p.grad = torch.randn(p.shape, generator=g).to(DEVICE)
-    return params, optimizers.Muon(params, lr=0.02, **config)
+    return params, optimizers.Muon(params, lr=0.02, fused=fused, **config)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
@@ -158,11 +156,12 @@ def test_rehearsal_reads_and_writes_nothing_real(kernels_on):
     state = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()} for p in params}
     plans = plan.make_plan(opt.param_groups, opt.state, None)
     kernels_on.clear()
-    from optimizers import elementwise_triton, symmetric_triton
-    products, tables = symmetric_triton.STATS.products, list(elementwise_triton._TABLES)
-    assert plan.rehearse(plans, opt.state)
+    from optimizers import elementwise_triton
+    tables = list(elementwise_triton._TABLES)
+    with counting(Stats()) as stats:
+        assert plan.rehearse(plans, opt.state)
     assert kernels_on == []  # nothing launched
-    assert symmetric_triton.STATS.products == products and list(elementwise_triton._TABLES) == tables
+    assert stats == Stats() and list(elementwise_triton._TABLES) == tables  # nothing counted, nothing cached
     for p, (value, grad) in zip(params, before):
         assert torch.equal(p, value) and torch.equal(p.grad, grad)
         assert opt.state[p].keys() == state[p].keys()
@@ -176,9 +175,8 @@ def test_compile_ahead_compiles_nothing_off_cuda_or_with_the_kernels_off(kernels
     plans = plan.make_plan(opt.param_groups, opt.state, None)
     if DEVICE == "cpu":
         assert plan.compile_ahead(plans, opt.state) == 0
-    monkeypatch.setattr(symmetric, "TRITON", False)
-    monkeypatch.setattr(elementwise, "TRITON", False)
-    assert plan.compile_ahead(plans, opt.state) == 0
+    opt.param_groups[0]["fused"] = False
+    assert plan.compile_ahead(plan.make_plan(opt.param_groups, opt.state, None), opt.state) == 0
 
 
 def test_a_failed_compile_ahead_warns_and_the_step_runs_as_before(monkeypatch):
@@ -188,8 +186,8 @@ def test_a_failed_compile_ahead_warns_and_the_step_runs_as_before(monkeypatch):
     def broken(plans, state):
         calls.append(len(plans))
         raise RuntimeError("no compiler")
-    params, opt = setup(CONFIGS[2])
-    reference, ref_opt = setup(CONFIGS[2])
+    params, opt = setup(CONFIGS[2], fused=None)
+    reference, ref_opt = setup(CONFIGS[2], fused=None)
     ref_opt.step()
     monkeypatch.setattr(plan, "compile_ahead", broken)
     with pytest.warns(RuntimeWarning, match="compiling the step's Triton kernels ahead failed .*no compiler"):
@@ -245,7 +243,7 @@ def test_a_slow_default_variant_compiles_in_the_background_while_its_stand_in_ru
     opt.step()
     assert "_upper_tiles_persistent" in kernel_names(kernels_on) and "_upper_tiles_tma" not in kernel_names(kernels_on)
     monkeypatch.setattr(launches, "COMPILED", set())
-    monkeypatch.setattr(symmetric, "TRITON_ROWS", 4096)  # no product takes the kernel: nothing to warm
+    opt.param_groups[0]["compute_dtype"] = torch.float32  # no product takes the kernel (bf16/fp16): nothing to warm
     plan.compile_for(plan.make_plan(opt.param_groups, opt.state, None), opt.state, torch.device(DEVICE))
     assert len(later) == 1 and symmetric_triton.WARMING == set()
 

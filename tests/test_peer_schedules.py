@@ -1,7 +1,7 @@
 """The tolerance policy is keyed by the schedule a target declares, and every schedule a built-in peer
 adapter declares is measured, with our optimizer running its coefficients (never with the peer).
 
-Before, keys named a schedule class only: `muon fp32@fp32/poly-mild/rank-1` was measured on Keller
+Before, keys named a schedule class only: `muon/fp32@fp32/poly-mild/rank-1` was measured on Keller
 Jordan's quintic alone, and a correct fp32 Muon running Jiacheng You's quintics (emerging-optimizers
 with `shape_scaling`) failed the CI case ROW_YOU at ratio 1.65 under it."""
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_tolerance import (
-    MEASURE,  # benchmarks/measure_tolerances.py, loaded once there
-)
 
 from cases import Case, tier
 from harness.judging.checks import reference
-from harness.policy import tolerance
+from harness.policy import keys, noise, tolerance
+from harness.policy.calibrate import coefficients as MEASURE
+from harness.policy.calibrate import variants
+from harness.policy.keys import Key
 from harness.runner import run_case
 from harness.running.inputs import make_inputs
 from harness.targets import load_target
@@ -51,33 +51,33 @@ def declared_schedules(alias: str) -> set[str]:
     target = load_target(alias)
     if alias in CPU_DTYPES and target.module is None:
         target.compute_dtype = lambda: CPU_DTYPES[alias]
-    return {tolerance.schedule_of(target.conventions(case).orthogonalizer) for case in tier("ci")
+    return {keys.schedule_of(target.conventions(case).orthogonalizer) for case in tier("ci")
             if case.orthogonalizer != "svd" and target.peer_unsupported(case) is None}
 
 
 @pytest.mark.parametrize("alias", sorted(PEER_SCHEDULES))
 def test_every_builtin_peer_schedule_is_named_and_measured(alias):
-    """Each declared schedule is ours or named in tolerance.SCHEDULES (an unnamed one would be keyed by a
+    """Each declared schedule is ours or named in keys.SCHEDULES (an unnamed one would be keyed by a
     digest and never measured), and the CPU evidence has entries for it."""
     schedules = declared_schedules(alias)
     assert schedules == PEER_SCHEDULES[alias]
     measured = tolerance.evidence("cpu").entries
     for schedule in schedules:
-        assert any(f"/{schedule}/" in key for key in measured), f"{alias}: no cpu entry for {schedule}"
+        assert any(key.schedule == schedule for key in measured), f"{alias}: no cpu entry for {schedule}"
 
 
 def test_schedule_names_come_from_the_declared_coefficients():
-    assert tolerance.schedule_of(Orthogonalizer.named("newton_schulz")) == "poly-mild"
-    assert tolerance.schedule_of(Orthogonalizer.named("polar_express")) == "poly-steep"
-    assert tolerance.schedule_of(Orthogonalizer.named("gram_newton_schulz")) == "gram-poly-steep"
-    assert tolerance.schedule_of(Orthogonalizer.named("svd")) == "svd"
-    for name, (coefficients, scale) in tolerance.SCHEDULES.items():
+    assert keys.schedule_of(Orthogonalizer.named("newton_schulz")) == "poly-mild"
+    assert keys.schedule_of(Orthogonalizer.named("polar_express")) == "poly-steep"
+    assert keys.schedule_of(Orthogonalizer.named("gram_newton_schulz")) == "gram-poly-steep"
+    assert keys.schedule_of(Orthogonalizer.named("svd")) == "svd"
+    for name, (coefficients, scale) in keys.SCHEDULES.items():
         spec = Orthogonalizer.polynomial(coefficients, eps=1e-7, scale=scale)
-        assert tolerance.schedule_of(spec) == f"{tolerance.schedule_class(spec)}:{name}"
+        assert keys.schedule_of(spec) == f"{keys.schedule_class(spec)}:{name}"
     # the coefficients name the schedule; the normaliser moves the singular values, which A accounts for
-    you = tolerance.SCHEDULES["you"][0]
-    assert tolerance.schedule_of(Orthogonalizer.polynomial(you, eps=1e-8, scale=1.01, form="clamp")) == "poly-mild:you"
-    tweaked = tolerance.schedule_of(Orthogonalizer.polynomial([(a, b, c * 1.001) for a, b, c in you], eps=1e-7))
+    you = keys.SCHEDULES["you"][0]
+    assert keys.schedule_of(Orthogonalizer.polynomial(you, eps=1e-8, scale=1.01, form="clamp")) == "poly-mild:you"
+    tweaked = keys.schedule_of(Orthogonalizer.polynomial([(a, b, c * 1.001) for a, b, c in you], eps=1e-7))
     assert tweaked.startswith("poly-mild:x") and tweaked != "poly-mild:you"
 
 
@@ -93,8 +93,8 @@ def test_an_unnamed_schedule_is_unsupported_with_how_to_measure_it():
 
     got = {r.check: r for r in run_case(Case.from_id(ROW_YOU.format(lr="none")), Unnamed(), "test")}
     assert got["reference"].status == "unsupported"
-    assert "no entry for muon fp32@fp32/poly-mild:x" in got["reference"].message
-    assert "harness.policy.tolerance.SCHEDULES" in got["reference"].message
+    assert "no entry for muon/fp32@fp32/poly-mild:x" in got["reference"].message
+    assert "harness.policy.keys.SCHEDULES" in got["reference"].message
 
 
 def test_a_correct_muon_with_you_quintics_passes_the_false_alarm_case():
@@ -102,14 +102,14 @@ def test_a_correct_muon_with_you_quintics_passes_the_false_alarm_case():
     step size passes under its own key; Keller Jordan's key could not have judged it: the step needs a
     coefficient above that key's, and our own quintic needs a hundredth of it on the same case."""
     case = Case.from_id(ROW_YOU.format(lr="none"))
-    you = MEASURE.DeclaredSchedule("you")
+    you = variants.DeclaredSchedule("you")
     inputs = make_inputs(case)
     outcome = reference(case, you, inputs, you.run(inputs.params, inputs.grads, case))
     assert outcome.status == "pass", outcome.message
     assert "poly-mild:you/rank-1" in outcome.tolerance.source
     needed = max(c for _, c, _ in MEASURE.measure(case, you, inputs.params[0].device))
-    kj_key = tolerance.evidence("cpu").entries["muon fp32@fp32/poly-mild/rank-1"]
-    assert needed > tolerance.coefficient(kj_key.worst)
+    kj_key = tolerance.evidence("cpu").entries[Key.parse("muon/fp32@fp32/poly-mild/rank-1")]
+    assert needed > tolerance.coefficient(kj_key.worst[tolerance.STATISTIC])
     ours = max(c for _, c, _ in MEASURE.measure(case, OursMuon(), inputs.params[0].device))
     assert ours < needed / 20
 
@@ -117,7 +117,7 @@ def test_a_correct_muon_with_you_quintics_passes_the_false_alarm_case():
 def test_you_quintics_declared_as_keller_jordans_still_fail():
     """Negative control: the same run declared as our quintic (a misdeclared schedule) fails."""
 
-    class Misdeclared(MEASURE.DeclaredSchedule):
+    class Misdeclared(variants.DeclaredSchedule):
         def conventions(self, case):
             return OursMuon.conventions(self, case)
 
@@ -152,34 +152,32 @@ NORM_PE = "muon/linear_row-1x16/mb5/noflat/fp32@bf16/pe/rms_norm/plain/wd0/steps
 NORM_NS = "muon/linear_row-1x16/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0"
 
 
-def robust_noise_keys(alias: str) -> set[str]:
+def robust_noise_keys(alias: str) -> set[Key]:
     """The noise keys the robust checks read for adapter `alias` over the CI cases they judge."""
     from harness.judging.registry import robust_applicable
-    from harness.judging.robust_checks import noise_key
 
     target = load_target(alias)
     if alias in CPU_DTYPES and target.module is None:
         target.compute_dtype = lambda: CPU_DTYPES[alias]
-    keys = set()
+    found = set()
     for case in tier("ci"):
         if target.peer_unsupported(case) is None and robust_applicable(case, case.compute_dtype):
             conv = target.conventions(case)
-            keys.add(noise_key(case, conv.compute_dtype, declared=conv.orthogonalizer))
-    return keys
+            found.add(keys.noise_key(case, conv.compute_dtype, declared=conv.orthogonalizer))
+    return found
 
 
 @pytest.mark.parametrize("alias", sorted(PEER_SCHEDULES))
 def test_every_builtin_peer_noise_key_is_measured(alias):
-    """Each bf16 noise key a built-in peer's robust checks read is in harness/bf16_noise.json (an unmeasured
-    one would leave its checks `skipped`)."""
-    from harness.judging.robust_checks import _noise
-
-    missing = robust_noise_keys(alias) - set(_noise())
+    """Each bf16 noise key a built-in peer's robust checks read is in the noise table (an unmeasured one
+    would leave its checks `skipped`)."""
+    missing = robust_noise_keys(alias) - set(noise._noise_table().entries)
     assert not missing, f"{alias}: unmeasured bf16 noise keys {sorted(missing)}"
 
 
 def test_noise_keys_name_the_declared_schedule_and_tiny_eps():
-    from harness.judging.robust_checks import noise_key
+    def noise_key(*args, **kwargs) -> str:
+        return str(keys.noise_key(*args, **kwargs))
 
     pe, ns = Case.from_id(NORM_PE), Case.from_id(NORM_NS)
     dion = lambda case: load_target("dion").conventions(case).orthogonalizer  # noqa: E731  (no peer needed)
@@ -190,9 +188,9 @@ def test_noise_keys_name_the_declared_schedule_and_tiny_eps():
     assert noise_key(pe, "bf16", declared=load_target("dtensor-muon").conventions(pe).orthogonalizer) \
         == "muon/fp32@bf16/polar_express:pe102/tiny"  # its eps is ours'
     # the schedule names are the tolerance policy's own
-    for name in tolerance.SCHEDULES:
-        spec = Orthogonalizer.polynomial(tolerance.SCHEDULES[name][0], eps=1e-7)
-        assert noise_key(ns, "bf16", declared=spec).split("/")[2] == f"newton_schulz:{tolerance.schedule_name(spec)}"
+    for name in keys.SCHEDULES:
+        spec = Orthogonalizer.polynomial(keys.SCHEDULES[name][0], eps=1e-7)
+        assert noise_key(ns, "bf16", declared=spec).split("/")[2] == f"newton_schulz:{keys.schedule_name(spec)}"
     kj_gram = dataclasses.replace(Orthogonalizer.named("newton_schulz"), iteration="gram")
     gns = Case.from_id(NORM_NS.replace("/ns/", "/gns/"))
     assert noise_key(gns, "bf16", declared=kj_gram).split("/")[2] == "gram_newton_schulz:newton_schulz"
@@ -205,13 +203,13 @@ def test_a_correct_muon_with_dions_schedule_passes_norm_and_misdeclared_fails(ca
     NORM_PE fails (decay 1.4x ours' allowance)."""
     from harness.judging.robust_checks import norm_check
 
-    class Misdeclared(MEASURE.DeclaredSchedule):
+    class Misdeclared(variants.DeclaredSchedule):
         def conventions(self, case):
             return OursMuon.conventions(self, case)
 
     case = Case.from_id(case_id)
     inputs = make_inputs(case)
-    dionlike = MEASURE.DeclaredSchedule(schedule, eps=1e-8)
+    dionlike = variants.DeclaredSchedule(schedule, eps=1e-8)
     traj = dionlike.run(inputs.params, inputs.grads, case)
     got = norm_check(case, dionlike, inputs, traj)
     assert got.status == "pass", got.message

@@ -175,7 +175,7 @@ def test_the_shape_scaling_false_alarm_case_passes_under_its_schedule_key():
     assert got["reference"] == "pass" and set(got.values()) <= {"pass"}, got
     record = next(r for r in run_case(Case.from_id(FALSE_ALARM), load_target("emerging-muon-shape-scaling"), "t")
                   if r.check == "reference")
-    assert "muon fp32@fp32/poly-mild:you/rank-1" in record.tolerance_source
+    assert "muon/fp32@fp32/poly-mild:you/rank-1" in record.tolerance_source
 
 
 @needs_peer

@@ -70,18 +70,14 @@ def test_cuda_graphs_give_the_eager_bits(orthogonalizer):
     optimizer's over 6 steps (gradients redrawn each step), the same Gram Newton-Schulz counts; every
     megabatch captured in the plan's one graph (its megabatches on parallel streams) at the plan's second
     step and replayed after."""
-    from optimizers import Muon, gram_newton_schulz as gram
+    from optimizers import Muon
 
     ps, qs = small_set(), small_set()
     fast = Muon(ps, flatten=True, orthogonalizer=orthogonalizer, cuda_graphs=True)
     eager = Muon(qs, flatten=True, orthogonalizer=orthogonalizer)
-    counts = {fast: [0, 0], eager: [0, 0]}
     for step in range(6):
         for opt in (fast, eager):
-            gram.STATS.gram = gram.STATS.fallbacks = 0
             opt.step()
-            counts[opt][0] += gram.STATS.gram
-            counts[opt][1] += gram.STATS.fallbacks
         gen = torch.Generator(device="cuda").manual_seed(100 + step)
         for p, q in zip(ps, qs):
             p.grad = torch.randn(p.shape, generator=gen, device="cuda")
@@ -92,7 +88,8 @@ def test_cuda_graphs_give_the_eager_bits(orthogonalizer):
     assert plan_graphs.failures == []
     assert len(plan_graphs.members) == 5 and None not in plan_graphs.members.values(), plan_graphs.members
     assert plan_graphs.replays == 4
-    assert counts[fast] == counts[eager], counts
+    assert (fast.stats.gram, fast.stats.fallbacks) == (eager.stats.gram, eager.stats.fallbacks), (fast.stats,
+                                                                                                  eager.stats)
 
 
 def test_cuda_graphs_cut_the_launches():
@@ -120,13 +117,13 @@ def test_cuda_graphs_cut_the_launches():
 
 
 def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
-    """With both kernel switches on, a new plan's Triton kernels are compiled side by side before its step
-    (optimizers/plan.py compile_ahead): the step itself then adds no kernel to any of the kernels' in-process
-    caches (emptied first, so that the compiles are this test's; Triton's disk cache may serve them). The
-    default persistent kernel compiles in the background meanwhile (tma stands in); once it is done, the
-    next plan's step runs it and compiles nothing either."""
+    """With the kernels of fused=None (the default, triton installed), a new plan's Triton kernels are compiled
+    side by side before its step (optimizers/plan.py compile_ahead): the step itself then adds no kernel to any
+    of the kernels' in-process caches (emptied first, so that the compiles are this test's; Triton's disk cache
+    may serve them). The default persistent kernel compiles in the background meanwhile (tma stands in); once
+    it is done, the next plan's step runs it and compiles nothing either."""
     pytest.importorskip("triton")
-    from optimizers import Muon, elementwise, elementwise_triton, launches, plan, symmetric_triton
+    from optimizers import Muon, elementwise_triton, launches, plan, symmetric_triton
 
     kernels = [symmetric_triton._upper_tiles_tma, symmetric_triton._upper_tiles, elementwise_triton._momentum,
                elementwise_triton._apply, elementwise_triton._divide]
@@ -141,9 +138,7 @@ def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
         k.device_caches.clear()
     monkeypatch.setattr(symmetric_triton, "WARMING", set())
     monkeypatch.setattr(launches, "COMPILED", set())
-    monkeypatch.setattr(symmetric_triton, "VARIANT", "persistent")
-    monkeypatch.setattr(symmetric, "TRITON", True)
-    monkeypatch.setattr(elementwise, "TRITON", True)
+    assert symmetric_triton.slow_default() == "persistent"
     ahead, original = [], plan.compile_ahead
 
     def counted(plans, state):
@@ -163,8 +158,8 @@ def test_compile_ahead_leaves_the_first_step_nothing_to_compile(monkeypatch):
     launches.wait()
     warm = compiled([persistent])
     assert launches.FAILURES == [] and warm >= 2 and symmetric_triton.WARMING == set(), warm
-    before = dict(symmetric_triton.STATS.variants)
+    before = dict(opt.stats.variants)
     opt.step()  # a new plan (the state entries exist now): compiled ahead, the persistent kernel runs
     torch.cuda.synchronize()
     assert len(ahead) == 2 and compiled([persistent]) == warm
-    assert symmetric_triton.STATS.variants.get("persistent", 0) > before.get("persistent", 0)
+    assert opt.stats.variants.get("persistent", 0) > before.get("persistent", 0)

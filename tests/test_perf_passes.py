@@ -32,18 +32,20 @@ def tensors(dtype=torch.float32, seed=0, scale=1.0):
 @pytest.mark.parametrize("nesterov", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_momentum_directions_are_the_per_parameter_bits(nesterov, dtype):
-    group = {"momentum": 0.95, "nesterov": nesterov}
+    group = {"momentum": 0.95, "nesterov": nesterov, "fused": None}
     grads, bufs = tensors(dtype, 1), tensors(dtype, 2)
     states = [{"momentum_buffer": b.clone()} for b in bufs]
     expected_states = [{"momentum_buffer": b.clone()} for b in bufs]
     got, parts = momentum_directions(grads, states, group)
-    assert parts is None  # the torch passes (elementwise.TRITON off) form no sums of squares
+    assert parts is None  # the torch passes (no kernel on a CPU by default) form no sums of squares
     expected = [momentum_direction(g, s, group) for g, s in zip(grads, expected_states)]
     for a, b, s, t in zip(got, expected, states, expected_states):
         assert torch.equal(a, b) and torch.equal(s["momentum_buffer"], t["momentum_buffer"])
     if not nesterov:  # the direction is the buffer itself, as per parameter
         assert all(d is s["momentum_buffer"] for d, s in zip(got, states))
     assert momentum_directions([], [], group) == ([], None)
+    fused_off = momentum_directions(grads, [{"momentum_buffer": b.clone()} for b in bufs], {**group, "fused": False})
+    assert all(torch.equal(a, b) for a, b in zip(fused_off[0], got)) and fused_off[1] is None
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
@@ -178,23 +180,26 @@ def test_a_large_wide_result_is_applied_in_the_compute_dtype_with_the_same_bits(
     assert all(torch.equal(p, q) for p, q in zip(cast, direct))
     example = torch.zeros(5, 12)  # one member
     group = {**runs[1][1].param_groups[0], "orthogonalizer": "polar_express"}
-    assert plan.direct_dtype(MUON_RECORD, group, example) == compute
+
+    def direct(record, group, member, fused=False):
+        return plan.direct_dtype(plan.paths(record, group), group, member, fused)
+    assert direct(MUON_RECORD, group, example) == compute
     gram = {**group, "orthogonalizer": "gram_newton_schulz"}  # bf16 iterates in fp16: a shape-dependent dtype
-    assert plan.direct_dtype(MUON_RECORD, gram, example) == (compute if compute == torch.float16 else None)
-    assert plan.direct_dtype(MUON_RECORD, group, example.mT.contiguous()) is None  # tall: cast back
-    assert plan.direct_dtype(MUON_RECORD, group, example.double()) == compute
-    assert plan.direct_dtype(MUON_RECORD, {**group, "compute_dtype": torch.float32}, example) is None
-    assert plan.direct_dtype(NORMUON_RECORD, group, example) is None  # a postprocess reads the result
-    assert plan.direct_dtype(MUON_RECORD, {**group, "orthogonalizer": "svd"}, example) is None  # svd: fp32 result
+    assert direct(MUON_RECORD, gram, example) == (compute if compute == torch.float16 else None)
+    assert direct(MUON_RECORD, group, example.mT.contiguous()) is None  # tall: cast back
+    assert direct(MUON_RECORD, group, example.double()) == compute
+    assert direct(MUON_RECORD, {**group, "compute_dtype": torch.float32}, example) is None
+    assert direct(NORMUON_RECORD, group, example) is None  # a postprocess reads the result
+    assert direct(MUON_RECORD, {**group, "orthogonalizer": "svd"}, example) is None  # svd: fp32 result
     # the fused apply (optimizers/elementwise.py) reads tall results where they lie, at every size, and a Gram
     # result in its iteration dtype (square matrices take the standard iteration, in the compute dtype)
     monkeypatch.setattr(plan, "DIRECT_APPLY_NUMEL", 1 << 62)
-    assert plan.direct_dtype(MUON_RECORD, group, example) is None
-    assert plan.direct_dtype(MUON_RECORD, group, example.mT.contiguous(), fused=True) == compute
-    assert plan.direct_dtype(MUON_RECORD, gram, example, fused=True) == torch.float16
-    assert plan.direct_dtype(MUON_RECORD, gram, torch.zeros(7, 7), fused=True) == compute
-    assert plan.direct_dtype(NORMUON_RECORD, group, example, fused=True) is None
+    assert direct(MUON_RECORD, group, example) is None
+    assert direct(MUON_RECORD, group, example.mT.contiguous(), fused=True) == compute
+    assert direct(MUON_RECORD, gram, example, fused=True) == torch.float16
+    assert direct(MUON_RECORD, gram, torch.zeros(7, 7), fused=True) == compute
+    assert direct(NORMUON_RECORD, group, example, fused=True) is None
 
 
-from optimizers.algorithms import MUON as MUON_RECORD  # noqa: E402
-from optimizers.algorithms import NORMUON as NORMUON_RECORD
+from optimizers import MUON as MUON_RECORD  # noqa: E402
+from optimizers import NORMUON as NORMUON_RECORD

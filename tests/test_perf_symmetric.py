@@ -7,6 +7,7 @@ import torch
 from optimizers import symmetric
 from optimizers.coefficients import normaliser_scale, schedule
 from optimizers.gram_newton_schulz import gram_newton_schulz, standard_steps
+from optimizers.kernels import TORCH, Kernels
 
 
 def wide(b=3, m=10, n=17, seed=0, dtype=torch.float64):
@@ -82,8 +83,8 @@ def test_a_missing_mirror_is_caught_by_the_iteration_check(monkeypatch):
     exact, plain = run(torch.float64), run(torch.float32)
     full = symmetric._lower_blocks
 
-    def unmirrored(input, a, b, beta, alpha, block):
-        out = full(input, a, b, beta, alpha, block)
+    def unmirrored(input, a, b, beta, alpha, block, kernels):
+        out = full(input, a, b, beta, alpha, block, kernels)
         return out.tril() if out.size(-1) > 16 else out
 
     monkeypatch.setattr(symmetric, "BLOCK", 8)
@@ -91,14 +92,16 @@ def test_a_missing_mirror_is_caught_by_the_iteration_check(monkeypatch):
     assert (run(torch.float32) - exact).norm() > 2 * (plain - exact).norm()
 
 
-def test_without_the_kernel_a_polynomial_step_is_ax_plus_bx_and_w_is_refused():
-    """Off the Triton kernel (CPU here), (aI + bA + cA²)X is aX + (bA + cA²)X as one baddbmm, the bits of
-    the published form, and asking for W = aI + bA + cA² in one rounding is refused: only the kernel forms it."""
+@pytest.mark.parametrize("kernels", [TORCH, Kernels(on=True), Kernels(on=True, sized=False)])
+def test_without_the_kernel_a_polynomial_step_is_ax_plus_bx_and_w_is_refused(kernels):
+    """Off the Triton kernel (no kernels allowed; or fp32, which it never takes), (aI + bA + cA²)X is
+    aX + (bA + cA²)X as one baddbmm, the bits of the published form, and asking for W = aI + bA + cA² in one
+    rounding is refused: only the kernel forms it."""
     x = wide(m=10, n=17, dtype=torch.float32)
-    gram = symmetric.symmetric_bmm(x, x.mT)
-    assert not symmetric.adds_identity(gram)
+    gram = symmetric.symmetric_bmm(x, x.mT, kernels=kernels)
+    assert not symmetric.adds_identity(gram, kernels)
     poly = torch.baddbmm(gram, gram, gram, beta=-4.775, alpha=2.0315)
-    assert torch.equal(symmetric.polynomial_product(gram, x, 3.4445, -4.775, 2.0315),
+    assert torch.equal(symmetric.polynomial_product(gram, x, 3.4445, -4.775, 2.0315, kernels),
                        torch.baddbmm(x, poly, x, beta=3.4445))
     with pytest.raises(ValueError, match="Triton kernel only"):
-        symmetric.polynomial_with_identity(gram, 3.4445, -4.775, 2.0315)
+        symmetric.polynomial_with_identity(gram, 3.4445, -4.775, 2.0315, kernels)

@@ -2,11 +2,14 @@
 applied only after the next megabatch's kernels are queued, and such megabatches run first (`run_order`),
 with the results and counts of checking each one at once."""
 
+import contextlib
+
 import pytest
 import torch
 
 from optimizers import Muon, plan
 from optimizers import gram_newton_schulz as gram
+from optimizers.counters import Stats, counting
 from optimizers.algorithms.muon import matrix_lr_scale
 from optimizers.matrix_view import as_matrices
 from optimizers.orthogonalize import orthogonalize
@@ -51,9 +54,9 @@ def test_flags_are_read_after_the_next_megabatch_is_queued(monkeypatch):
         events.append(("read",))
         return diverged(self)
 
-    def noted_apply(algorithm, group, batch, state, updates):
+    def noted_apply(algorithm, group, route, batch, state, updates):
         events.append(("apply", batch.shape))
-        apply(algorithm, group, batch, state, updates)
+        apply(algorithm, group, route, batch, state, updates)
 
     monkeypatch.setattr(gram.FlagCopy, "__init__", noted_copy)
     monkeypatch.setattr(gram.FlagCopy, "diverged", noted_read)
@@ -75,15 +78,17 @@ def test_each_parameter_steps_as_if_checked_at_once(diverged, monkeypatch):
     opt, ps = make(orthogonalizer="gram_newton_schulz", compute_dtype=torch.bfloat16)
     group = opt.param_groups[0]
     expected = []
-    gram.STATS.gram = gram.STATS.fallbacks = 0
-    for p in ps:
-        mats = as_matrices(p.grad.unsqueeze(0), group["flatten"])
-        o = orthogonalize(mats, "gram_newton_schulz", 5, group["eps"], torch.bfloat16)
-        expected.append(p.detach().clone().add_(o.reshape(p.shape), alpha=-0.1 * matrix_lr_scale(p.shape, group)))
-    direct = (gram.STATS.gram, gram.STATS.fallbacks)
-    gram.STATS.gram = gram.STATS.fallbacks = 0
-    opt.step()
-    assert (gram.STATS.gram, gram.STATS.fallbacks) == direct
+    warned = pytest.warns(RuntimeWarning, match="diverged") if diverged == 0.0 else contextlib.nullcontext()
+    with counting(Stats()) as stats, warned:
+        for p in ps:
+            mats = as_matrices(p.grad.unsqueeze(0), group["flatten"])
+            o = orthogonalize(mats, "gram_newton_schulz", 5, group["eps"], torch.bfloat16)
+            expected.append(p.detach().clone().add_(o.reshape(p.shape), alpha=-0.1 * matrix_lr_scale(p.shape, group)))
+    direct = (stats.gram, stats.fallbacks)
+    warned = pytest.warns(RuntimeWarning, match="diverged") if diverged == 0.0 else contextlib.nullcontext()
+    with warned:
+        opt.step()
+    assert (opt.stats.gram, opt.stats.fallbacks) == direct
     assert direct[0] == 2 and direct[1] == (2 if diverged == 0.0 else 0)
     for p, q in zip(ps, expected):
         assert torch.equal(p.detach(), q)

@@ -1,4 +1,4 @@
-"""The pytest plugin (harness/apps/pytest_plugin.py) used the way a peer team would: a throwaway package
+"""The pytest plugin (harness/pytest_plugin.py) used the way a peer team would: a throwaway package
 outside this repository, its own pytest session in a subprocess, our cases as its tests."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from cases import Case
+from harness.pytest_plugin import USAGE_EXIT
 from reports import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,8 +67,22 @@ class BrokenOnConv(PeerMuon):
         return case.lr * (1.25 if len(case.shape) > 2 else 1.0)
 
 
+class CrashesOnConv(PeerMuon):
+    name = "peer-muon-crashes"
+
+    def run(self, params, grads, case):
+        if len(case.shape) > 2:  # the planted crash: the process dies on convolution kernels
+            import os
+            os._exit(3)
+        return super().run(params, grads, case)
+
+
 def good():
     return PeerMuon()
+
+
+def crashes():
+    return CrashesOnConv()
 
 
 def broken():
@@ -93,10 +108,10 @@ def peer(tmp_path_factory) -> Path:
 
 
 def pytest_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m pytest -p harness.apps.pytest_plugin ARGS` in `cwd`, with this project importable."""
+    """`python -m pytest -p harness.pytest_plugin ARGS` in `cwd`, with this project importable."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.apps.pytest_plugin", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
                            *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -131,7 +146,7 @@ def test_broken_target_fails_its_conv_case_under_xdist(peer, tmp_path):
     # the failure names the failing check with its ratio and gives the command that reruns the case alone
     assert re.search(r"FAIL reference \(ratio \d", log), log
     assert f"repro: python -m harness run --target peer_muon.targets:broken --backend cpu --select {CONV}" in log, log
-    assert ("repro in pytest: pytest -p harness.apps.pytest_plugin --muon-target=peer_muon.targets:broken "
+    assert ("repro in pytest: pytest -p harness.pytest_plugin --muon-target=peer_muon.targets:broken "
             f"--muon-backend=cpu --muon-select={CONV}") in log, log
     assert "peer-muon implements Muon only" in log, log  # the skip's reason
 
@@ -173,6 +188,25 @@ def test_a_session_stopped_early_stores_an_incomplete_run(peer, tmp_path):
     assert not context["complete"] and context["interrupted"] == "1 of 2 cases did not run (stopping after 1 failures)"
 
 
+def test_a_case_whose_xdist_worker_crashed_is_an_error_in_the_stored_run(peer, tmp_path):
+    """The target's os._exit(3) kills the xdist worker judging the conv case: xdist replaces it and the run
+    stored holds an error on each of that case's checks, saying so, and is complete (issue 30 item 7; before:
+    no record of the case, and "1 of 2 cases did not run (the session ended first)")."""
+    out = tmp_path / "run"
+    result = pytest_in(peer, "-n", "2", "--muon-target=peer_muon.targets:crashes", *selection(LINEAR, CONV),
+                       f"--muon-out={out}", "tests/test_theirs.py")
+    log = result.stdout + result.stderr
+    assert result.returncode == 1 and "crashed while running" in log, log
+    records, context = load_run(out)
+    assert context["complete"], context
+    assert {r.status for r in records if r.case_id == LINEAR} == {"pass"}
+    crashed = [r for r in records if r.case_id == CONV]
+    assert crashed and {r.status for r in crashed} == {"error"}
+    assert all(f"crashed while running 'muon-cpu::{CONV}'" in r.message and "worker process judging this case died"
+               in r.message for r in crashed), crashed[0].message
+    assert crashed[0].repro.endswith(f"--target peer_muon.targets:crashes --backend cpu --select {CONV}")
+
+
 def test_inert_without_target(peer):
     """Loaded but not asked: the peer's own test and nothing else, and no harness module imported."""
     probe = peer / "tests" / "test_probe.py"
@@ -194,10 +228,21 @@ def test_bad_target_is_a_one_line_usage_error(peer, tmp_path):
     out = tmp_path / "never"
     result = pytest_in(peer, "--muon-target=peer_muon.targets:nope", f"--muon-out={out}")
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert result.returncode == USAGE_EXIT == 4, result.stdout + result.stderr  # as the help and docstring say
     assert errors == ["ERROR: --muon-target: target 'peer_muon.targets:nope': peer_muon.targets has no callable 'nope'"], \
         result.stderr
     assert not out.exists(), "a usage error must write nothing"
+
+
+def test_help_and_docstring_say_a_bad_option_exits_4(peer):
+    """The status the test above observes is the one a user reads in `pytest --help` and the docstring."""
+    import harness.pytest_plugin as plugin
+
+    result = pytest_in(peer, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "A bad --muon-* option exits with status 4 (pytest's usage error) before any test runs" in \
+        " ".join(result.stdout.split())
+    assert "4 (pytest's\nusage error, `USAGE_EXIT`) a bad --muon-* option" in plugin.__doc__
 
 
 OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "muon_backend": "cpu",
@@ -206,7 +251,8 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
 
 @pytest.mark.parametrize("options, message", [
     ({"muon_target": "no_such_module:target"}, "--muon-target: target 'no_such_module:target': cannot import"),
-    ({"muon_target": "harness.targets:TargetError"}, "returned TargetError, not a harness Target"),
+    ({"muon_target": "harness.targets:TargetError"},
+     "the callable must return a harness Target; TargetError() returned TargetError"),
     ({"muon_target": "raises_on_import:target"}, "'raises_on_import:target': loading it raised RuntimeError: boom"),
     ({"muon_select": ["no-such-case"]}, "--muon-select ['no-such-case']: no case of tier 'ci' matches"),
     ({"muon_backend": "cpu,tpu"}, "--muon-backend 'cpu,tpu': name distinct backends of"),
@@ -216,7 +262,7 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
 ])
 def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, monkeypatch, options, message):
     """The validation in-process (the subprocess test above shows how pytest prints it)."""
-    from harness.apps.pytest_plugin import ConformanceSession
+    from harness.pytest_plugin import ConformanceSession
 
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -232,14 +278,19 @@ def test_each_bad_option_is_a_usage_error_before_anything_is_written(tmp_path, m
     assert not out.exists() and (tmp_path / "FILE").read_text() == "not a directory"
 
 
-def test_good_options_create_the_out_dir_on_the_controller_only(tmp_path):
-    from harness.apps.pytest_plugin import ConformanceSession
+def test_the_out_dir_is_checked_on_the_controller_only_and_written_at_the_end(tmp_path):
+    from harness.pytest_plugin import ConformanceSession
 
-    worker = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "w"}.__getitem__,
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("not a run")
+    worker = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": busy}.__getitem__,
                                                 workerinput={"workerid": "gw0"}))
-    assert not worker.is_controller and not (tmp_path / "w").exists()
+    assert not worker.is_controller
+    with pytest.raises(pytest.UsageError, match="--muon-out .*busy: holds 1 entries and no stored run"):
+        ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": busy}.__getitem__))
     controller = ConformanceSession(SimpleNamespace(getoption={**OPTIONS, "muon_out": tmp_path / "c"}.__getitem__))
-    assert controller.is_controller and (tmp_path / "c").is_dir()
+    assert controller.is_controller and not (tmp_path / "c").exists()  # the session's end writes it whole
     assert [c.id for c in controller.cases] == [LINEAR]
 
 
@@ -249,14 +300,14 @@ def test_entry_point_is_declared():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("the project is not installed (pip install -e .)")
     points = [ep for ep in dist.entry_points if ep.group == "pytest11"]
-    assert [(ep.name, ep.value) for ep in points] == [("harness.apps.pytest_plugin", "harness.apps.pytest_plugin")]
+    assert [(ep.name, ep.value) for ep in points] == [("harness.pytest_plugin", "harness.pytest_plugin")]
 
 
 def test_entry_point_in_pyproject():
     """The declaration itself, for runs where the project is not installed."""
     tomllib = pytest.importorskip("tomllib")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
-    assert declared == {"harness.apps.pytest_plugin": "harness.apps.pytest_plugin"}
+    assert declared == {"harness.pytest_plugin": "harness.pytest_plugin"}
 
 
 def test_failure_text_names_checks_diagnosis_and_both_repros():
@@ -264,7 +315,7 @@ def test_failure_text_names_checks_diagnosis_and_both_repros():
     import dataclasses
     import math
 
-    from harness.apps.pytest_plugin import CaseFailed
+    from harness.pytest_plugin import CaseFailed
     from harness.runner import repro_command
     from reports import Record
 

@@ -116,7 +116,7 @@ def test_a_harmless_head_passes_reusing_its_run_as_ci_does(repo, tmp_path):
 
 def usage(tmp_path: Path, **overrides: object) -> Namespace:
     return Namespace(**{"base_ref": "base", "head_run": None, "out": tmp_path / "out", "select": [RMS],
-                        **overrides})
+                        "target": None, "pythonpath": Path("."), **overrides})
 
 
 @pytest.mark.parametrize("overrides, where, message", [
@@ -125,13 +125,16 @@ def usage(tmp_path: Path, **overrides: object) -> Namespace:
     ({"head_run": Path("empty")}, "repo", "--head-run: "),
     ({"out": Path("a-file")}, "repo", "exists and is not a directory"),
     ({"select": ["no-such-case"]}, "repo", "--select ['no-such-case']: no case of tier 'ci' matches"),
+    ({"target": "tourch"}, "repo", "--target: target 'tourch' is neither an alias nor MODULE:CALLABLE; did you mean"),
+    ({"pythonpath": Path("no-such-dir")}, "repo", "--pythonpath no-such-dir: not a directory of the repository"),
+    ({"pythonpath": Path("..")}, "repo", "--pythonpath ..: not a directory of the repository"),
 ])
 def test_usage_errors_exit_2_before_anything_runs(repo, tmp_path, monkeypatch, capsys, overrides, where, message):
     outside = tmp_path / "outside"
     outside.mkdir()
     (tmp_path / "empty").mkdir()
     (tmp_path / "a-file").write_text("")
-    args = usage(tmp_path, **{k: tmp_path / v if isinstance(v, Path) else v for k, v in overrides.items()})
+    args = usage(tmp_path, **{k: tmp_path / v if k in ("head_run", "out") else v for k, v in overrides.items()})
     monkeypatch.chdir(repo if where == "repo" else outside)
     ran = []
     monkeypatch.setattr(pr_diff, "_harness_run", lambda *a: ran.append(a))
@@ -147,13 +150,13 @@ def test_a_base_run_that_stores_nothing_is_an_error_and_removes_the_worktree(rep
     git(repo, "checkout", "-q", "base")
     monkeypatch.chdir(repo)
     head = tmp_path / "head"
-    head.mkdir()
-    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")  # a stored run of no records
+    save_run([], RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0,
+                         torch_version=""), head)  # a stored run of no records
     trees = []
 
-    def base_fails(checkout: Path, out: Path, selection: list[str], which: str) -> None:
+    def base_fails(checkout: Path, pythonpath: Path, out: Path, options: list[str], which: str) -> None:
         trees.append(checkout)
-        assert (checkout / "harness" / "cli.py").is_file(), "a checkout of the base"
+        assert (checkout / "harness" / "apps" / "cli.py").is_file(), "a checkout of the base"
         raise pr_diff.PrDiffError(f"the {which} run exited with status 2, so there is nothing to compare")
 
     monkeypatch.setattr(pr_diff, "_harness_run", base_fails)
@@ -169,13 +172,14 @@ def test_a_base_run_of_another_commit_is_refused(repo, tmp_path, monkeypatch, ca
     git(repo, "checkout", "-q", "base")
     monkeypatch.chdir(repo)
     head = tmp_path / "head"
-    head.mkdir()
-    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")
     info = RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0, torch_version="",
                    commit="0000000")
-    monkeypatch.setattr(pr_diff, "_harness_run", lambda checkout, out, selection, which: save_run([], info, out))
+    save_run([], info, head)
+    monkeypatch.setattr(pr_diff, "_harness_run", lambda checkout, pythonpath, out, options, which:
+                        save_run([], info, out))
     assert pr_diff.command(usage(tmp_path, head_run=head)) == 2
-    assert "the base run records commit 0000000, not base (" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "error: the base base (" in error and ") run records commit 0000000, not " in error, error
     assert not (tmp_path / "out" / "diff.md").exists() and len(worktrees(repo)) == 1
 
 
@@ -197,8 +201,8 @@ def test_sigterm_during_the_base_run_removes_the_worktree(repo, tmp_path):
     """A cancelled CI job: pr-diff is terminated while the base runs; the worktree goes with it."""
     git(repo, "checkout", "-q", "base")
     head = tmp_path / "head"
-    head.mkdir()
-    (head / "results.csv").write_text(",".join(COLUMNS) + "\n")
+    save_run([], RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0,
+                         torch_version=""), head)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY")}
     process = subprocess.Popen([sys.executable, "-m", "harness", "pr-diff", "--base-ref", "base", "--head-run",
                                 str(head), "--out", str(tmp_path / "out"), *SELECTION], cwd=repo, env=clean,

@@ -2,13 +2,18 @@
 
 Each page must render without a JavaScript error; clicking a numeric header sorts
 the rows (read back from the page); typing in the filter box or choosing a select
-option hides the rows that do not match. A screenshot of each page goes to
-$REPORT_SCREENSHOTS (default: the test's tmp_path). Driven with Selenium and
-Debian's chromedriver; skipped only where /usr/bin/chromium is absent.
+option hides the rows that do not match. On a laptop's 1,400 px and a desktop's
+1,920 px, pages of a realistic run (the CI tier's own ids, messages and diagnoses
+as the harness words them) must not scroll sideways, a results or diff row must
+take at most two lines, and a zero fail or error count must not be shaded. A
+screenshot of each page goes to $REPORT_SCREENSHOTS (default: the test's tmp_path).
+Driven with Selenium and Debian's chromedriver; skipped only where
+/usr/bin/chromium is absent.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -19,6 +24,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
+from cases import Case, schema
+from harness.running.selection import select
 from reports import render_html
 from reports.html import grid_cell
 from reports.diff import diff_runs
@@ -95,10 +102,10 @@ def assert_no_console_errors(driver) -> None:
     assert errors == [], errors
 
 
-def screenshot(driver, path: Path) -> None:
-    """The whole page as a PNG: the window grows to the page's height (capped), then shrinks back."""
+def screenshot(driver, path: Path, width: int = 1400) -> None:
+    """The whole page as a PNG at `width`: the window grows to the page's height (capped), then shrinks back."""
     height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1400, min(height + 140, 4000))
+    driver.set_window_size(width, min(height + 140, 4000))
     assert driver.save_screenshot(str(path)), path
     driver.set_window_size(1400, 1000)
     assert path.stat().st_size > 10_000
@@ -222,3 +229,117 @@ def test_trend_renders_charts(driver, tmp_path: Path, shots: Path) -> None:
     assert last == sorted(last, reverse=True) and last[0] == pytest.approx(0.5)
     assert_no_console_errors(driver)
     screenshot(driver, shots / "trend.png")
+
+
+WIDTHS = (1400, 1920)
+"""A laptop's and a desktop's window width, in CSS pixels."""
+LR_SCALE = "lr-scale: the step is 0.25 x the reference's (a constant factor explains 100% of the error)"
+MESSAGE = ("worst at member 0 step 1: ||err|| = 4.58e+14 x allowed (BEYOND tolerance); rel_err 0.75 vs allowed "
+           "1.64e-15 (rtol 8.88178e-16 + storage rounding), max_abs 0.00902, max_ulp 8.47e+15")
+ILL_POSED = ("ill-posed: derived muon bf16@bf16/poly-mild/ill: rtol 1.51 = c 0.24 x u(bf16) 0.00391 x amplification "
+             "1.61e+03 of the orthogonalized direction (condition 4.13e+03); c is 2x the worst 0.117 measured over 15 "
+             "cases (measured on cpu, 2026-11-29) exceeds 0.25, where rounding alone moves the update as far as a "
+             "wrong update would")
+"""A diagnosis, a message and a skip reason as `python -m harness run --target
+harness.apps.selftest_catalog:lr_rms_min` worded them on the CI tier."""
+
+
+@functools.lru_cache(maxsize=None)
+def realistic(failing_every: int = 0, errors: bool = False) -> tuple[Record, ...]:
+    """A check of every case of the CI tier (reference, megabatch or finite in turn), with the case's own
+    columns; every `failing_every`-th case fails (ratios up to 1.34e+14, with the message and diagnosis
+    above), every 13th is skipped as ill-posed, and with `errors` every 47th raises."""
+    records = []
+    for i, case in enumerate(select("ci", [])):
+        columns = schema.column_values(Case.from_id(case.id))
+        for check in (("reference", "megabatch", "finite")[i % 3],):
+            fails = failing_every and i % failing_every == 0
+            status = ("error" if errors and i % 47 == 5 else "fail" if fails
+                      else "skipped" if i % 13 == 7 else "pass")
+            ratio = 1.3420941511887047 * 10.0 ** (i % 15) if fails else (i * 37 % 97) / 100
+            records.append(Record(
+                case_id=case.id, check=check, target="ours", backend="cpu", status=status,
+                ratio=math.nan if status in ("error", "skipped") else ratio, rel_err=ratio * 1.6e-15,
+                max_abs=ratio * 2e-17, max_ulp=ratio * 18.4, tolerance=8.88178e-16, tolerance_source="fp64: measured",
+                message={"fail": MESSAGE, "skipped": ILL_POSED, "error": "RuntimeError: boom"}.get(status, ""),
+                diagnosis=LR_SCALE if status == "fail" else "", **columns))
+    return tuple(records)
+
+
+def measure(driver, rows: str) -> dict:
+    """What a person sees at this width: the page's and the window's width, and the tallest of the
+    `rows` (a CSS selector) against a row of one line of text in the same table."""
+    return driver.execute_script("""
+        const rows = Array.from(document.querySelectorAll(arguments[0]));
+        const probe = rows[0].cloneNode(true);
+        probe.querySelectorAll("td").forEach(td => { td.textContent = "x"; });
+        rows[0].parentNode.appendChild(probe);
+        const oneLine = probe.getBoundingClientRect().height;
+        probe.remove();
+        return {page: document.scrollingElement.scrollWidth, window: window.innerWidth, oneLine: oneLine,
+                tallest: Math.max(...rows.map(r => r.getBoundingClientRect().height))};""", rows)
+
+
+def fits(seen: dict) -> bool:
+    """No sideways scrolling, and no row taller than two lines of text (two one-line rows' height)."""
+    return seen["page"] <= seen["window"] and seen["tallest"] <= 2 * seen["oneLine"]
+
+
+def background(driver, selector: str) -> str:
+    return driver.execute_script("return getComputedStyle(document.querySelector(arguments[0])).backgroundColor",
+                                 selector)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_realistic_report_fits_the_window_in_rows_of_two_lines(driver, tmp_path: Path, shots: Path,
+                                                                 width: int) -> None:
+    run = realistic(failing_every=9, errors=True)
+    driver.set_window_size(width, 1000)
+    open_page(driver, render_html(list(run), INFO), tmp_path / "report.html")
+    seen = measure(driver, "#results tbody tr")
+    assert fits(seen), seen
+    assert driver.find_element(By.CSS_SELECTOR, "#results tbody tr td:nth-child(5)").text == "lr-scale"  # diagnosis
+    red = "rgb(251, 213, 213)"
+    assert background(driver, '#summary td[data-status="fail"]') == red
+    assert background(driver, '#summary td[data-status="error"]') == red
+    assert background(driver, '#summary td[data-status="unsupported"]') == "rgba(0, 0, 0, 0)"
+    screenshot(driver, shots / f"report-{width}.png", width)
+    driver.set_window_size(width, 1000)
+    open_page(driver, render_html(list(realistic()), INFO), tmp_path / "passing.html")
+    for status in ("fail", "error"):  # zero: not shaded
+        assert background(driver, f'#summary td[data-status="{status}"]') == "rgba(0, 0, 0, 0)", status
+    assert background(driver, '#summary td[data-status="pass"]') == "rgb(215, 245, 215)"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_realistic_diff_fits_the_window_in_rows_of_two_lines(driver, tmp_path: Path, shots: Path,
+                                                               width: int) -> None:
+    diff = diff_runs(list(realistic()), list(realistic(failing_every=7, errors=True)))
+    assert diff.new_failures and diff.regressed
+    context = {"commit": "abc1234", "date": "2026-12-01T00:00:00+00:00", "target": "ours", "tier": "ci"}
+    driver.set_window_size(width, 1000)
+    open_page(driver, render_diff_html(diff, context, {**context, "commit": "def5678"}), tmp_path / "diff.html")
+    seen = measure(driver, "table.filterable tbody tr")
+    assert fits(seen), seen
+    note = driver.find_element(By.CSS_SELECTOR, "#table-new_failures tbody tr td:last-child")
+    clipped = driver.execute_script("const d = arguments[0].querySelector('div.clip'); "
+                                    "return d.scrollWidth > d.clientWidth", note)
+    assert note.get_attribute("title") == MESSAGE and clipped  # one line, ending in an ellipsis; all on hover
+    screenshot(driver, shots / f"diff-{width}.png", width)
+    driver.set_window_size(width, 1000)
+    driver.execute_script("document.querySelectorAll('div.clip').forEach(d => { d.style.whiteSpace = 'normal'; })")
+    assert not fits(measure(driver, "table.filterable tbody tr")), "negative control: notes of several lines"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_realistic_trend_fits_the_window(driver, tmp_path: Path, shots: Path, width: int) -> None:
+    runs = [({"date": f"2026-11-{day:02d}T00:00:00+00:00", "commit": f"c{day}", "target": "ours"},
+             list(realistic(failing_every=day + 5))) for day in range(1, 6)]
+    driver.set_window_size(width, 1000)
+    open_page(driver, render_trend_html(runs), tmp_path / "trend.html")
+    seen = measure(driver, "#series-worst tbody tr")
+    assert fits(seen), seen
+    screenshot(driver, shots / f"trend-{width}.png", width)
+    driver.set_window_size(width, 1000)
+    driver.execute_script("document.body.insertAdjacentHTML('beforeend', '<pre>' + 'x'.repeat(400) + '</pre>')")
+    assert not fits(measure(driver, "#series-worst tbody tr")), "negative control: a line wider than the window"

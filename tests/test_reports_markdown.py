@@ -29,8 +29,9 @@ PASSING = [rec(f"muon/linear/f32/p{i:02d}", "pass", i / 40) for i in range(30)] 
     rec("muon/linear/fp8/s0", "unsupported", param_dtype="float8_e4m3fn", message="<b>no fp8</b>"),
     rec("muon/linear/f32/cuda", "skipped", backend="cuda", message="no GPU"),
 ]
+LR_SCALE = "lr-scale: the step is 1.1 x the reference's (a constant factor explains 99% of the error) | " + "x" * 200
 FAILING = [
-    rec("muon/linear/bf16/s0", "fail", 3.14159, param_dtype="bfloat16"),
+    rec("muon/linear/bf16/s0", "fail", 3.14159, param_dtype="bfloat16", diagnosis=LR_SCALE),
     rec("muon/conv/bf16/s1", "fail", 12.0, param_dtype="bfloat16", check="orthogonality"),
     rec("muon/linear/f32/s9", "error", message="RuntimeError: <boom>"),
 ]
@@ -77,8 +78,19 @@ def test_worst_failing_rows_only_and_in_order() -> None:
         ["fail", "`muon/linear/bf16/s0`", "update", "3.14"],
         ["error", "`muon/linear/f32/s9`", "update", ""],
     ]
-    assert rows[1][4:] == ["0.00314", "0.001", "0.001"]
-    assert rows[2][4:] == ["", "", "0.001"]  # an error has no metrics, hence no allowance
+    assert rows[1][4:7] == ["0.00314", "0.001", "0.001"]
+    assert rows[2][4:7] == ["", "", "0.001"]  # an error has no metrics, hence no allowance
+
+
+def test_failing_rows_carry_their_diagnosis_clipped_and_a_passing_table_has_no_such_column() -> None:
+    rows = table_rows(render_markdown(PASSING + FAILING, INFO), "| status | case id")
+    diagnosis = rows[1][7]
+    assert diagnosis.startswith("lr-scale: the step is 1.1 x the reference&#x27;s") or \
+        diagnosis.startswith("lr-scale: the step is 1.1 x the reference's"), diagnosis
+    assert "\\|" in diagnosis and diagnosis.endswith("\u2026") and len(diagnosis) < len(LR_SCALE)
+    assert rows[0][7] == "" and len(rows[0]) == 8
+    passing = render_markdown(PASSING, INFO)
+    assert "diagnosis" not in passing and all(len(r) == 7 for r in table_rows(passing, "| status | case id"))
 
 
 def test_max_rows_limits_failing_rows() -> None:
@@ -108,7 +120,8 @@ def test_context_line_and_escaping() -> None:
     odd = rec("muon/a|b/`tick`", "fail", 2.0, check="<script>x</script>")
     text = render_markdown([odd], RunInfo(**{**INFO.__dict__, "target": "t|<i>"}), max_rows=1)
     assert text.splitlines()[0] == "# FAILED: Muon conformance of t\\|&lt;i&gt;, ci tier"
-    assert "Backends: cpu · torch 2.13.0+cpu · commit abc1234 · started 2025-01-02T03:04:05Z · 7.3 s" in text
+    assert ("Backends: cpu · torch 2.13.0+cpu · judged code unknown · harness commit abc1234 · "
+            "started 2025-01-02T03:04:05Z · 7.3 s") in text
     row = table_rows(text, "| status | case id")[0]
     assert row[1:3] == ["`` muon/a\\|b/`tick` ``", "&lt;script&gt;x&lt;/script&gt;"]
     assert "<script>" not in text

@@ -12,9 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from reports.records import COLUMNS, SCHEMA_VERSION, Record, RunInfo, write_csv
-from reports.store import load_run, save_run
+from reports.store import StoreError, load_run, save_run
 
 NAN = math.nan
 INFO = RunInfo(target="ours [ours] 0.1.0", tier="nightly", backends="cpu,nccl", command="python -m harness run",
@@ -100,9 +102,11 @@ def test_empty_run_round_trips(tmp_path: Path) -> None:
     assert records == [] and context["world_sizes"] == [] and context["records"] == 0
 
 
-def test_csv_only_run_loads_with_derived_context(tmp_path: Path) -> None:
+def test_csv_only_run_loads_with_derived_context_only_when_undigested_runs_are_allowed(tmp_path: Path) -> None:
     write_csv(RECORDS, tmp_path / "results.csv")
-    records, context = load_run(tmp_path)
+    with pytest.raises(StoreError, match="has no run.json, so no digests vouch for results.csv"):
+        load_run(tmp_path)
+    records, context = load_run(tmp_path, undigested=True)
     assert same(records, RECORDS)
     assert context["world_sizes"] == [1, 4] and context["records"] == 6
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", context["date"])
@@ -150,19 +154,21 @@ def legacy(run_dir: Path, **keep: object) -> None:
     path.write_text(json.dumps({**context, **keep}))
 
 
-def test_a_legacy_run_is_checked_record_by_record_and_by_count(tmp_path: Path) -> None:
+def test_a_legacy_run_is_refused_unless_allowed_then_checked_record_by_record_and_by_count(tmp_path: Path) -> None:
     save_run(RECORDS, INFO, tmp_path)
     legacy(tmp_path)
-    records, context = load_run(tmp_path)
+    with pytest.raises(StoreError, match="run.json is of schema version 1, so no digests vouch"):
+        load_run(tmp_path)
+    records, context = load_run(tmp_path, undigested=True)
     assert same(records, RECORDS) and context["schema_version"] == 1
     write_csv(RECORDS[:-1], tmp_path / "results.csv")
     with pytest.raises(ValueError, match="results.csv disagrees with results.parquet"):
-        load_run(tmp_path)
+        load_run(tmp_path, undigested=True)
     (tmp_path / "results.csv").unlink()
     legacy_count = json.loads((tmp_path / "run.json").read_text()) | {"records": 7}
     (tmp_path / "run.json").write_text(json.dumps(legacy_count))
     with pytest.raises(ValueError, match="holds 6 records, run.json says 7"):
-        load_run(tmp_path)
+        load_run(tmp_path, undigested=True)
 
 
 def test_a_run_stored_without_a_column_loads_with_its_default(tmp_path: Path) -> None:
@@ -172,11 +178,11 @@ def test_a_run_stored_without_a_column_loads_with_its_default(tmp_path: Path) ->
     frame = pd.read_parquet(tmp_path / "results.parquet")[older]
     frame.to_parquet(tmp_path / "results.parquet", index=False)
     frame.to_csv(tmp_path / "results.csv", index=False)
-    records, _ = load_run(tmp_path)
+    records, _ = load_run(tmp_path, undigested=True)
     expected = [dataclasses.replace(r, message="", seconds=0.0) for r in RECORDS]
     assert same(records, expected)
     (tmp_path / "results.parquet").unlink()
-    assert same(load_run(tmp_path)[0], expected)  # the CSV alone, same defaults
+    assert same(load_run(tmp_path, undigested=True)[0], expected)  # the CSV alone, same defaults
 
 
 def test_a_newer_schema_or_an_unknown_column_is_refused(tmp_path: Path) -> None:
@@ -190,7 +196,7 @@ def test_a_newer_schema_or_an_unknown_column_is_refused(tmp_path: Path) -> None:
     write_csv(RECORDS, newer / "results.csv")
     pd.read_csv(newer / "results.csv").assign(future="?").to_csv(newer / "results.csv", index=False)
     with pytest.raises(ValueError, match=r"unknown columns \['future'\]"):
-        load_run(newer)
+        load_run(newer, undigested=True)
 
 
 def test_a_run_with_a_repeated_key_is_refused(tmp_path: Path) -> None:
@@ -208,7 +214,7 @@ def test_parquet_metadata_holds_the_schema_version(tmp_path: Path) -> None:
 def test_null_floats_from_other_writers_load_as_nan(tmp_path: Path) -> None:
     frame = pd.DataFrame([dataclasses.asdict(r) for r in RECORDS], columns=list(COLUMNS))
     frame.to_parquet(tmp_path / "results.parquet")  # pandas writes NaN as null
-    records, _ = load_run(tmp_path)
+    records, _ = load_run(tmp_path, undigested=True)
     assert same(records, RECORDS)
 
 
@@ -220,8 +226,8 @@ def test_null_floats_from_other_writers_load_as_nan(tmp_path: Path) -> None:
 ])
 def test_directory_without_a_run_is_a_clear_error(tmp_path: Path, setup, message: str) -> None:
     setup(tmp_path)
-    with pytest.raises(ValueError, match=message):
-        load_run(tmp_path)
+    with pytest.raises(StoreError, match=message):
+        load_run(tmp_path, undigested=True)
 
 
 def test_missing_directory_and_bad_run_json_are_clear_errors(tmp_path: Path) -> None:
@@ -231,3 +237,140 @@ def test_missing_directory_and_bad_run_json_are_clear_errors(tmp_path: Path) -> 
     (tmp_path / "run.json").write_text("{broken")
     with pytest.raises(ValueError, match="run.json: not valid JSON"):
         load_run(tmp_path)
+
+
+def flipped(path: Path, offset: int, bit: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def test_a_byte_flipped_in_the_parquet_file_is_refused_by_its_digest_before_it_is_parsed(tmp_path):
+    """The reproduction: a flipped byte in a compressed page made pyarrow raise `OSError: Corrupt snappy
+    compressed data` (a traceback, exit 1); the digest now refuses the file before it is parsed."""
+    save_run(RECORDS * 1, INFO, tmp_path / "run")
+    parquet = tmp_path / "run" / "results.parquet"
+    pristine = parquet.read_bytes()
+    def snappy_error(offset: int) -> bool:
+        flipped(parquet, offset)
+        try:
+            pq.read_table(parquet).to_pylist()
+        except OSError as exc:
+            return "Corrupt snappy compressed data" in str(exc)
+        except Exception:
+            return False
+        finally:
+            parquet.write_bytes(pristine)
+        return False
+
+    offset = next((o for o in range(4, len(pristine) - 8) if snappy_error(o)), None)
+    assert offset is not None, "no flipped byte upsets pyarrow; the reproduction needs another file"
+    flipped(parquet, offset)
+    with pytest.raises(StoreError, match="results.parquet is not the file this run wrote"):
+        load_run(tmp_path / "run")
+
+
+def test_a_parquet_file_without_its_run_json_is_refused_unless_allowed(tmp_path):
+    """The reproduction: bytes flipped in the case ids of a bare Parquet file load as other ids (a diff
+    then said "58 vanished, 58 appeared"); nothing vouches for such a file, so it is refused."""
+    save_run(RECORDS, INFO, tmp_path / "run")
+    (tmp_path / "run" / "run.json").unlink()
+    (tmp_path / "run" / "results.csv").unlink()
+    parquet = tmp_path / "run" / "results.parquet"
+    data = parquet.read_bytes()
+    offset = data.index(b"muon/linear/f32/s0")
+    parquet.write_bytes(data[:offset] + b"muon/linear/f32/s9" + data[offset + 18:])
+    assert "muon/linear/f32/s9" in {r.case_id for r in load_run(tmp_path / "run", undigested=True)[0]}
+    with pytest.raises(StoreError, match="it has no run.json, so no digests vouch for results.parquet"):
+        load_run(tmp_path / "run")
+
+
+def edit_context(run_dir: Path, **changes: object) -> None:
+    path = run_dir / "run.json"
+    context = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is DROP:
+            context.pop(key)
+        else:
+            context[key] = value
+    path.write_text(json.dumps(context))
+
+
+DROP = object()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"files": None}, r"values of the wrong type or range: files=None"),
+    ({"files": {"results.parquet": {"sha256": "0" * 64, "bytes": 1}}}, "files="),
+    ({"records": "6"}, r"records='6'"),
+    ({"seconds": "fast"}, "seconds='fast'"),
+    ({"selection": "steps1"}, "selection='steps1'"),
+    ({"complete": 1}, "complete=1"),
+    ({"statuses": {"pass": 1}}, "statuses="),
+    ({"world_sizes": [1, -4]}, r"world_sizes=\[1, -4\]"),
+    ({"tier": DROP}, r"missing keys \['tier'\]"),
+    ({"files": DROP, "complete": DROP}, r"missing keys \['complete', 'files'\]"),
+    ({"reviewer": "me"}, r"unknown keys \['reviewer'\]"),
+    ({"schema_version": "4"}, "schema version '4'"),
+    ({"schema_version": True}, "schema version True"),
+    ({"records": 5}, "disagrees with the run it describes .records 5, the records 6"),
+    ({"statuses": {"fail": 0, "error": 1, "pass": 1, "unsupported": 1, "skipped": 3}}, "statuses"),
+    ({"targets": ["torch"]}, r"targets \['torch'\], the records \['ours'\]"),
+    ({"world_sizes": [1]}, r"world_sizes \[1\], the records \[1, 4\]"),
+    ({"complete": False}, "complete False with interrupted ''"),
+    ({"schema_version": 3}, "schema_version 3, results.parquet's 4"),
+])
+def test_an_inconsistent_run_json_is_a_one_line_refusal(tmp_path, changes, message):
+    save_run(RECORDS, INFO, tmp_path)
+    edit_context(tmp_path, **changes)
+    with pytest.raises(StoreError, match=message) as caught:
+        load_run(tmp_path)
+    assert "\n" not in str(caught.value) and str(tmp_path) in str(caught.value)
+
+
+def test_a_run_json_that_is_not_text_or_not_an_object_is_refused(tmp_path):
+    save_run(RECORDS, INFO, tmp_path)
+    (tmp_path / "run.json").write_bytes(b'{"tier": "\xff"}')
+    with pytest.raises(StoreError, match="run.json: not UTF-8 text"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_text("[1, 2]")
+    with pytest.raises(StoreError, match="expected a JSON object, got list"):
+        load_run(tmp_path)
+
+
+def test_columns_of_the_wrong_type_or_null_are_refused(tmp_path):
+    frame = pd.DataFrame([dataclasses.asdict(r) for r in RECORDS], columns=list(COLUMNS))
+    frame.astype({"world_size": str}).to_parquet(tmp_path / "results.parquet")
+    with pytest.raises(StoreError, match="columns of the wrong type .world_size is (large_)?string, expected int64"):
+        load_run(tmp_path, undigested=True)
+    frame.assign(check=[None] + ["update"] * (len(RECORDS) - 1)).to_parquet(tmp_path / "results.parquet")
+    with pytest.raises(StoreError, match="row 0 has no check .null."):
+        load_run(tmp_path, undigested=True)
+    frame.to_parquet(tmp_path / "results.parquet")  # negative control: the same frame, typed right
+    assert same(load_run(tmp_path, undigested=True)[0], RECORDS)
+
+
+def test_a_csv_value_that_does_not_parse_names_the_file(tmp_path):
+    write_csv(RECORDS, tmp_path / "results.csv")
+    text = (tmp_path / "results.csv").read_text().replace(",64x32,1,", ",64x32,one,", 1)
+    (tmp_path / "results.csv").write_text(text)
+    with pytest.raises(StoreError, match=r"results.csv: invalid literal for int\(\)"):
+        load_run(tmp_path, undigested=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["results.parquet", "results.csv", "run.json"]), where=st.floats(0, 1, exclude_max=True),
+       bit=st.integers(0, 7))
+def test_any_flipped_bit_is_refused_or_leaves_the_records_as_stored(tmp_path_factory, name, where, bit):
+    """A flipped bit in a results file is always refused (its digest); one in run.json is refused, or
+    (inside free text: command, platform, a date, which nothing vouches for) loads the same records."""
+    folder = tmp_path_factory.mktemp("flip")
+    save_run(RECORDS, INFO, folder)
+    size = (folder / name).stat().st_size
+    flipped(folder / name, int(where * size), bit)
+    try:
+        records, _ = load_run(folder)
+    except StoreError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert name == "run.json" and same(records, RECORDS)

@@ -4,9 +4,6 @@ bf16 (decay after the update, a coefficient off in its fourth digit)
 fail them."""
 
 import dataclasses
-import importlib.util
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +11,7 @@ import pytest
 from cases import Case, ci_cases
 from harness.apps.selftest_catalog import BY_NAME, spec
 from harness.judging import registry, robust_checks
+from harness.policy import keys, noise
 from harness.policy.ill_posed import NOISE_CEILING
 from harness.runner import run_case
 from harness.running.inputs import make_inputs
@@ -46,12 +44,12 @@ def test_orthogonal_part_inverts_the_declared_update(order, lr_mode):
 def test_every_ci_case_they_judge_has_measured_noise():
     judged = [c for c in ci_cases() if robust_checks.applies(c, c.compute_dtype)]
     assert judged, "the CI tier must have bf16 cases the robust checks judge"
-    noise = robust_checks._noise()
-    missing = {robust_checks.noise_key(c, c.compute_dtype) for c in judged} - set(noise)
+    entries = noise._noise_table().entries
+    missing = {keys.noise_key(c, c.compute_dtype) for c in judged} - set(entries)
     assert not missing
-    for key, stats in noise.items():
-        wanted = {"norm", "decay", *robust_checks.extra_statistics(key.split("/", 1)[0])}
-        assert set(stats) == wanted and all(v > 0 for v in stats.values()), key
+    for key, entry in entries.items():
+        wanted = {"norm", "decay", *robust_checks.extra_statistics(key.optimizer)}
+        assert set(entry.worst) == wanted and all(v > 0 for v in entry.worst.values()), key
 
 
 def test_ours_passes_and_the_reference_alone_misses_the_defects():
@@ -64,8 +62,10 @@ def test_ours_passes_and_the_reference_alone_misses_the_defects():
 
 
 def test_unmeasured_noise_key_is_skipped_never_passed(monkeypatch):
-    monkeypatch.setattr(robust_checks, "_noise", lambda: {})
-    out = robust_checks.judge("norm", BF16, "bf16", {"norm": 0.0, "decay": 0.0})
+    empty = dataclasses.replace(noise._noise_table(), entries={})
+    monkeypatch.setattr(noise, "_noise_table", lambda: empty)
+    assert noise.of_case(BF16, "bf16") is None
+    out = robust_checks.judge("norm", {"norm": 0.0, "decay": 0.0}, None, keys.noise_key(BF16, "bf16"))
     assert out.status == "skipped" and "no measured bf16 noise" in out.message
 
 
@@ -115,24 +115,6 @@ def test_spectrum_pairs_by_the_directions_singular_vectors_not_by_sorting():
     assert np.allclose(logs, [0.0, 0.0, np.log(1.5)], atol=1e-12)
 
 
-def _noise_measurement():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "measure_bf16_noise.py"
-    spec_ = importlib.util.spec_from_file_location("measure_bf16_noise", path)
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
-    return module
-
-
-def test_noise_merge_keeps_each_statistics_worst_sums_counts_and_drops_stale_keys(tmp_path):
-    old = tmp_path / "old.json"
-    old.write_text(json.dumps({"date": "2026-11-29", "cases": {"k": 3, "stale": 5},
-                               "worst": {"k": {"norm": 0.5, "decay": 0.01}, "stale": {"norm": 9.0}}}))
-    worst, counts, commands = _noise_measurement().merged({"k": {"norm": 0.2, "decay": 0.03}}, {"k": 10}, [old],
-                                                          "^stale$")
-    assert worst == {"k": {"decay": 0.03, "norm": 0.5}} and counts == {"k": 13}
-    assert commands == ["python benchmarks/measure_bf16_noise.py  # old.json of 2026-11-29"]
-
-
 def test_rescale_repeats_a_correct_run_and_flags_an_eps_the_normaliser_shows():
     """Gradients x 2^10 repeat ours and torch bit for bit in bf16 where the declared eps is below half
     an fp32 ulp of the normaliser; eps = 1e-2 (the catalog's normaliser-eps-large) on a 1 x 16 row
@@ -160,17 +142,15 @@ def test_a_statistic_whose_noise_allows_a_factor_e_is_not_judged(monkeypatch):
     measured before bf16 Gram NS iterated in fp16 (sv_mean 7.9, sv_spread 73), set here so that the test
     does not depend on a re-measurement."""
     blind = Case.from_id("muon/conv2d_k1-8x4x1x1/mb1/flat/fp32@bf16/gns/spectral_norm/nesterov/wd0/steps1/lowrank/seed0")
-    data = robust_checks._noise()
-    key = robust_checks.noise_key(blind, "bf16")
-    monkeypatch.setattr(robust_checks, "_noise", lambda: {**data, key: {**data[key], "sv_mean": 7.9, "sv_spread": 73.0}})
-    assert robust_checks.NOISE_MARGIN * robust_checks.measured_noise(blind, "bf16")["sv_spread"] >= NOISE_CEILING
-    out = robust_checks.judge("spectrum", blind, "bf16", {"sv_mean": 5.0, "sv_spread": 50.0})
+    measured = noise.of_case(blind, "bf16")
+    measured = dataclasses.replace(measured, worst={**measured.worst, "sv_mean": 7.9, "sv_spread": 73.0})
+    assert measured.allowed("sv_spread") >= NOISE_CEILING
+    out = robust_checks.judge("spectrum", {"sv_mean": 5.0, "sv_spread": 50.0}, measured, measured.key)
     assert out.status == "skipped" and "not judged" in out.message and "sv_spread" in out.message
-    seen = Case.from_id(blind.id.replace("/gns/", "/pe/"))
-    noise = robust_checks.measured_noise(seen, "bf16")
-    assert max(robust_checks.NOISE_MARGIN * noise[s] for s in ("sv_mean", "sv_spread")) < NOISE_CEILING
-    assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 0.0}).status == "pass"
-    assert robust_checks.judge("spectrum", seen, "bf16", {"sv_mean": 0.0, "sv_spread": 1.0}).status == "fail"
+    seen = noise.of_case(Case.from_id(blind.id.replace("/gns/", "/pe/")), "bf16")
+    assert max(seen.allowed(s) for s in ("sv_mean", "sv_spread")) < NOISE_CEILING
+    assert robust_checks.judge("spectrum", {"sv_mean": 0.0, "sv_spread": 0.0}, seen, seen.key).status == "pass"
+    assert robust_checks.judge("spectrum", {"sv_mean": 0.0, "sv_spread": 1.0}, seen, seen.key).status == "fail"
 
 
 def test_dion2_noise_is_at_least_muons_whose_steps_it_takes():
@@ -180,12 +160,14 @@ def test_dion2_noise_is_at_least_muons_whose_steps_it_takes():
     measure keeps Dion2's own value; Muon's own noise is unchanged."""
     dion2 = Case.from_id("dion2-f0.25/conv2d-8x4x3x3/mb3/flat/bf16@fp32/svd/spectral_norm/plain/wd0.1/steps1/huge/seed1")
     muon = Case.from_id("muon/conv2d-8x4x3x3/mb3/flat/bf16@fp32/svd/spectral_norm/plain/wd0.1/steps1/huge/seed1")
-    own = robust_checks._noise()["dion2/bf16@fp32/svd/huge"]
-    got, inner = robust_checks.measured_noise(dion2, "fp32"), robust_checks.measured_noise(muon, "fp32")
-    assert inner == robust_checks._noise()["muon/bf16@fp32/svd/huge"]
-    assert got == {s: max(v, inner[s]) for s, v in own.items()} and got["norm"] > own["norm"]
-    assert robust_checks.judge("norm", dion2, "fp32", {"norm": -0.00685, "decay": 0.0437}).status == "pass"
-    assert robust_checks.judge("norm", dion2, "fp32", {"norm": -0.2, "decay": 0.0437}).status == "fail"
+    entries = noise._noise_table().entries
+    own = entries[keys.Key.parse("dion2/bf16@fp32/svd/huge")].worst
+    got, inner = noise.of_case(dion2, "fp32"), noise.of_case(muon, "fp32")
+    assert inner.worst == entries[keys.Key.parse("muon/bf16@fp32/svd/huge")].worst
+    assert got.worst == {s: max(v, inner.worst[s]) for s, v in own.items()} and got.worst["norm"] > own["norm"]
+    assert "with muon's same key" in got.source("norm")
+    assert robust_checks.judge("norm", {"norm": -0.00685, "decay": 0.0437}, got, got.key).status == "pass"
+    assert robust_checks.judge("norm", {"norm": -0.2, "decay": 0.0437}, got, got.key).status == "fail"
 
 
 def test_rescale_is_ill_posed_for_stochastic_rounding():
@@ -220,7 +202,7 @@ def test_drift_noise_is_measured_for_every_selftest_drift_case():
     for case in DRIFT_CASES:
         compute = ours.conventions(case).compute_dtype
         assert "drift" in registry.robust_applicable(case, compute), case.id
-        assert robust_checks.drift_noise(case, compute), robust_checks.drift_key(case, compute)
+        assert noise.of_drift(case, compute, robust_checks.DRIFT_FACTOR), keys.drift_key(case, compute)
 
 
 def test_drift_sees_a_bf16_momentum_buffer_that_every_per_step_statistic_misses():

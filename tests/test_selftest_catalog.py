@@ -72,3 +72,21 @@ def test_every_defect_can_show_in_the_ci_tier():
     nowhere = [d.name for d in CATALOG
                if not any(selftest.candidates(d, d.make(), ours, _tier(), bf16, 1) for bf16 in (True, False))]
     assert not nowhere
+
+
+@pytest.mark.parametrize("dtypes, check", [("fp32@fp32", "reference"), ("fp32@bf16", "probe")])
+def test_a_decay_factor_built_in_bf16_is_killed_where_decay_vanishes(dtypes, check):
+    """At lr 0.02 and wd 0.01, 1 - lr wd = 0.9998 rounds to 1.0 in bf16: the defect's decay vanishes (the CI
+    tier's wd 0.1 only nearly doubles it). With fp32 compute `reference` sees it; with bf16 compute the
+    normwise allowance is wider than the missing decay, and `probe`, an exact relation that needs no measured
+    allowance, sees it (its wd 10 makes the factor 0.8, rounded to 0.80078125). Ours passes both."""
+    from cases import Case
+    from harness.runner import run_case
+
+    case = Case.from_id(f"muon/linear-12x20/mb1/noflat/{dtypes}/ns/spectral_norm/plain/wd0.01/steps3/gaussian/seed0")
+    defect = BY_NAME["wd-factor-bf16"]
+    assert defect.shows(case)
+    got = {r.check: r for r in run_case(case, defect.make(), "defect")}
+    assert got[check].status == "fail", (got[check].ratio, got[check].message)
+    ours = {r.check: r.status for r in run_case(case, load_target("ours"), "ours")}
+    assert ours[check] == "pass", ours

@@ -13,6 +13,9 @@ if not torch.cuda.is_available():  # before triton's import, which reads it (thi
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from optimizers.counters import Stats, counting  # noqa: E402
+from optimizers.kernels import TORCH, Kernels  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def kernel():
@@ -181,32 +184,39 @@ def polar_express_on_kernel(kernel, monkeypatch, small, large, seed):
     x = stack(*(small if kernel.interpreted() else large), seed=seed).double()
     coefficients = schedule("polar_express", 5)
 
-    def run(compute):
-        return gram_newton_schulz(x, coefficients, normaliser_scale("polar_express"), 1e-7, compute).double()
+    def run(compute, kernels=TORCH):
+        return gram_newton_schulz(x, coefficients, normaliser_scale("polar_express"), 1e-7, compute,
+                                  kernels=kernels).double()
 
     return run, x
 
 
+SIZED = Kernels(on=True)
+"""The kernels fused=None takes on CUDA: products from symmetric.TRITON_ROWS rows (shrunk under the interpreter)."""
+
+
 def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
-    """symmetric.TRITON routes a product that would be split into blocks to the kernel (counted), and
-    the Gram Newton-Schulz iteration through it stays within the plain products' error."""
+    """Kernels allowed (the default on CUDA) route a product that would be split into blocks to the kernel
+    (counted in the counting scope), and the Gram Newton-Schulz iteration through it stays within the plain
+    products' error; not allowed, none does."""
     from optimizers import symmetric
 
     run, x = polar_express_on_kernel(kernel, monkeypatch, (1, 32, 96), (1, 2048, 6144), seed=4)
-    exact, plain = run(torch.float64), run(torch.float16)
-    before = kernel.STATS.products
-    monkeypatch.setattr(symmetric, "TRITON", True)
-    assert symmetric.adds_identity(x[:, :, : x.size(1)].half().to(device()))  # W = aI + Z, Q W, (R W) W
-    fast = run(torch.float16)
-    assert kernel.STATS.products > before
+    with counting(Stats()) as stats:
+        exact, plain = run(torch.float64), run(torch.float16)
+    assert stats.products == 0
+    square = x[:, :, : x.size(1)].half().to(device())
+    assert symmetric.adds_identity(square, SIZED) and not symmetric.adds_identity(square, TORCH)  # W = aI + Z
+    with counting(Stats()) as stats:
+        fast = run(torch.float16, SIZED)
+    assert stats.products > 0 and sum(stats.variants.values()) == stats.products
     assert (fast - exact).norm() <= 1.5 * (plain - exact).norm(), ((fast - exact).norm(), (plain - exact).norm())
 
 
 def test_the_standard_iteration_takes_w_from_the_kernel(kernel, monkeypatch):
-    """With symmetric.TRITON, a square stack's Newton-Schulz steps form W = aI + bA + cA² on the kernel and
+    """Kernels allowed, a square stack's Newton-Schulz steps form W = aI + bA + cA² on the kernel and
     X' = W X by a plain product, within the plain products' error of the fp64 result; negative control: a
     kernel that drops the identity is caught by the same comparison."""
-    from optimizers import symmetric
     from optimizers.coefficients import schedule
 
     run, _ = polar_express_on_kernel(kernel, monkeypatch, (2, 32, 32), (2, 2048, 2048), seed=6)
@@ -216,12 +226,11 @@ def test_the_standard_iteration_takes_w_from_the_kernel(kernel, monkeypatch):
     real = kernel.symmetric_baddbmm
     monkeypatch.setattr(kernel, "symmetric_baddbmm",
                         lambda *a, identity=0.0, **k: identities.append(identity) or real(*a, identity=identity, **k))
-    monkeypatch.setattr(symmetric, "TRITON", True)
-    fast = run(torch.float16)
+    fast = run(torch.float16, SIZED)
     assert [i for i in identities if i] == [a for a, _, _ in coefficients]  # one W per step, with its a
     assert (fast - exact).norm() <= 1.5 * (plain - exact).norm(), ((fast - exact).norm(), (plain - exact).norm())
     monkeypatch.setattr(kernel, "symmetric_baddbmm", lambda *a, identity=0.0, **k: real(*a, **k))
-    lost = run(torch.float16)
+    lost = run(torch.float16, SIZED)
     assert not (lost - exact).norm() <= 10 * (plain - exact).norm()  # far off, or not finite
 
 
@@ -331,6 +340,29 @@ def test_a_default_variant_that_fails_to_compile_falls_back_to_base(kernel, monk
     assert "tma" in kernel.BROKEN and kernel.resolve(None, None, x, x.mT) == "base"
     with pytest.raises(RuntimeError, match="out of resources"):
         kernel.symmetric_baddbmm(None, x, x.mT, **tiles(kernel), variant="tma")
+    with kernel.variant("tma"), pytest.raises(RuntimeError, match="out of resources"):  # chosen: no fallback
+        kernel.symmetric_baddbmm(None, x, x.mT, **tiles(kernel))
+
+
+def test_a_variant_scope_chooses_the_variant_of_every_call_naming_none(kernel, monkeypatch):
+    """Within `variant(name)` (benchmarks) a product that names no variant runs `name`, in place of the default
+    and of its stand-in while that compiles; outside it the default again; a call naming one keeps its own; an
+    unknown name is refused. Counted by the variant that ran."""
+    x = stack(1, 32, 32)
+    monkeypatch.setattr(kernel, "WARMING", {"persistent"})
+    default = kernel.resolve(None, None, x, x.mT, **tiles(kernel))
+    with kernel.variant("base"):
+        assert kernel.resolve(None, None, x, x.mT) == "base" and kernel.slow_default() is None
+        assert kernel.resolve("even", None, x, x.mT, **tiles(kernel)) == "even"
+        with counting(Stats()) as stats:
+            got = kernel.symmetric_baddbmm(None, x, x.mT, **tiles(kernel))
+    assert stats.variants == {"base": 1}
+    assert_one_rounding(got, x.float() @ x.float().mT, torch.float16)
+    assert kernel.resolve(None, None, x, x.mT, **tiles(kernel)) == default
+    assert default == ("tma" if kernel.descriptors_available() else "base")  # the stand-in while it warms
+    with pytest.raises(ValueError, match="unknown variant"):
+        with kernel.variant("fastest"):
+            pass
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the --quick smoke run is the interpreter's")

@@ -3,8 +3,6 @@ declares (schedule, compute format) and by device class, backed by measured data
 policy is never charged to the target."""
 
 import dataclasses
-import importlib.util
-import json
 import math
 from pathlib import Path
 
@@ -15,7 +13,9 @@ import torch
 from cases import Case, ci_cases
 from harness.algorithms import registry
 from harness.judging.checks import policy
-from harness.policy import sensitivity, tolerance
+from harness.policy import allowance, keys, sensitivity, tables, tolerance
+from harness.policy.calibrate import coefficients as MEASURE
+from harness.policy.keys import Key
 from harness.runner import run_case
 from harness.running.inputs import TORCH_DTYPES, f64, make_inputs
 from harness.targets.ours import OursMuon
@@ -24,17 +24,6 @@ from oracles import Conventions, Orthogonalizer, newton_schulz_schedule, polar_e
 SEED686 = "muon/linear_tall-24x6/mb5/noflat/fp64@fp64/svd/spectral_norm/nesterov/wd0/steps3/rankdef/seed686"
 ROW_BF16 = "muon/linear_row-1x16/mb2/noflat/bf16@bf16/{orth}/spectral_norm/nesterov/wd0/steps3/gaussian/seed0"
 GAUSS = "muon/linear-12x20/mb2/noflat/{dtypes}/{orth}/spectral_norm/nesterov/wd0.1/steps3/{grad}/seed0"
-
-
-def _measure_module():
-    path = Path(__file__).parents[1] / "benchmarks" / "measure_tolerances.py"
-    spec = importlib.util.spec_from_file_location("measure_tolerances", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MEASURE = _measure_module()
 
 
 class Declares(OursMuon):
@@ -80,32 +69,35 @@ def checks_of(case_id, target):
     return {r.check: r for r in run_case(Case.from_id(case_id), target, "test")}
 
 
-# ---- the evidence -------------------------------------------------------------------------------------
+# ---- the evidence ----------------------------------------------------------------------------------------
 
-def evidence_files():
-    return sorted(tolerance.MEASURED_DIR.glob("*.json"))
+FLOOR = allowance.SAFETY["coefficient"].floor
+
+
+def coefficient_tables() -> dict[str, tables.Table]:
+    return {d: t for d in tolerance.DEVICE_CLASSES if (t := tolerance.evidence(d)) is not None}
 
 
 def test_cpu_evidence_exists_and_says_how_it_was_measured():
-    assert tolerance.MEASURED_DIR / "cpu.json" in evidence_files()
-    for path in evidence_files():
-        meta = json.loads(path.read_text())
-        assert path.stem in tolerance.DEVICE_CLASSES
-        assert meta["command"].startswith("python benchmarks/measure_tolerances.py") and "--device" in meta["command"]
-        assert meta["device"].startswith(path.stem) and meta["torch"] and meta["date"][:2] == "20"
-        assert meta["entries"]
+    found = coefficient_tables()
+    assert "cpu" in found
+    for device, table in found.items():
+        assert table.kind == "coefficient" and table.entries
+        assert all("--device" in c for c in table.provenance["commands"])
+        assert table.provenance["device"].startswith(device) and table.provenance["torch"]
+        assert table.provenance["date"][:2] == "20"
 
 
-@pytest.mark.parametrize("path", evidence_files(), ids=lambda p: p.stem)
-def test_every_coefficient_is_2x_to_20x_its_measured_worst(path):
-    found = tolerance.evidence(path.stem)
-    for key, m in found.entries.items():
-        c = tolerance.coefficient(m.worst)
-        if 2.0 * m.worst <= tolerance.COEFFICIENT_FLOOR:
-            assert c == tolerance.COEFFICIENT_FLOOR, key  # too little measured error to go below the floor
+@pytest.mark.parametrize("device", sorted(coefficient_tables()))
+def test_every_coefficient_is_2x_to_20x_its_measured_worst(device):
+    for key, m in tolerance.evidence(device).entries.items():
+        worst = m.worst[tolerance.STATISTIC]
+        c = tolerance.coefficient(worst)
+        if 2.0 * worst <= FLOOR:
+            assert c == FLOOR, key  # too little measured error to go below the floor
         else:
-            assert 2.0 * m.worst <= c <= 20.0 * m.worst, (key, m.worst, c)
-        assert m.n >= 1 and m.worst_case and 0.0 <= m.median <= m.worst, key
+            assert 2.0 * worst <= c <= 20.0 * worst, (key, worst, c)
+        assert m.n >= 1 and m.worst_case[tolerance.STATISTIC] and 0.0 <= m.median[tolerance.STATISTIC] <= worst, key
 
 
 def test_coefficient_is_twice_the_worst_rounded_up_to_two_digits():
@@ -113,9 +105,9 @@ def test_coefficient_is_twice_the_worst_rounded_up_to_two_digits():
     assert tolerance.coefficient(0.0737) == pytest.approx(0.15)
     assert tolerance.coefficient(0.333) == pytest.approx(0.67)
     assert tolerance.coefficient(5.56) == pytest.approx(12.0)
-    assert tolerance.coefficient(0.0) == tolerance.COEFFICIENT_FLOOR
+    assert tolerance.coefficient(0.0) == FLOOR
     # monotone: a small measured worst never gives a tighter c than no measured error at all
-    assert tolerance.coefficient(0.0085) == tolerance.COEFFICIENT_FLOOR
+    assert tolerance.coefficient(0.0085) == FLOOR
     assert tolerance.coefficient(0.026) == pytest.approx(0.052)
 
 
@@ -124,8 +116,8 @@ CROSS_MACHINE = 0.15
 was 9.2% (below); a recorded worst that no run produced would be off by far more."""
 
 
-@pytest.mark.parametrize("key", ["muon fp32@fp32/poly-steep/well", "muon fp64@fp64/svd/well",
-                                 "normuon bf16@bf16/poly-mild/well"])
+@pytest.mark.parametrize("key", ["muon/fp32@fp32/poly-steep/well", "muon/fp64@fp64/svd/well",
+                                 "normuon/bf16@bf16/poly-mild/well"])
 def test_the_measurement_reproduces_within_its_recorded_worst(key):
     """The data is a measurement, not a wish: rerunning the case recorded as a key's worst needs the
     recorded c, within CROSS_MACHINE. Exact on the machine that measured it, but not across CPUs: on
@@ -134,12 +126,12 @@ def test_the_measurement_reproduces_within_its_recorded_worst(key):
     1.16.3-1.17.1 alike, and the same under ATEN_CPU_CAPABILITY=avx2/default and every MKL_CBWR
     setting; the third reproduced exactly."""
     torch.set_num_threads(1)  # as measured
-    recorded = tolerance.evidence("cpu").entries[key]
-    case_id, scaled, factor = recorded.worst_case.partition(" scaled x ")
+    recorded = tolerance.evidence("cpu").entries[Key.parse(key)]
+    case_id, scaled, factor = recorded.worst_case[tolerance.STATISTIC].partition(" scaled x ")
     runs = {label: (k, c) for k, c, label in MEASURE.measure(Case.from_id(case_id), OursMuon(), torch.device("cpu"))}
     got_key, c = runs[scaled + factor]
-    assert str(got_key) == key and c == pytest.approx(recorded.worst, rel=CROSS_MACHINE)
-    assert MEASURE.policy_key(Case.from_id(case_id), OursMuon()) == key  # what --per-key counts, without a run
+    assert str(got_key) == key and c == pytest.approx(recorded.worst[tolerance.STATISTIC], rel=CROSS_MACHINE)
+    assert str(MEASURE.policy_key(Case.from_id(case_id), OursMuon())) == key  # what --per-key counts, without a run
 
 
 def test_policy_covers_our_muon_on_every_ci_case():
@@ -198,10 +190,10 @@ def test_svd_rank_cutoff_among_singular_values_is_ill_posed():
 
 def test_schedule_class_comes_from_the_declared_coefficients():
     steep = Orthogonalizer("polynomial", ((3.0, -16.0, 12.0),) + tuple(newton_schulz_schedule(4)))
-    assert tolerance.schedule_class(steep) == "poly-steep"
-    assert tolerance.schedule_class(Orthogonalizer.named("newton_schulz")) == "poly-mild"
-    assert tolerance.schedule_class(Orthogonalizer.named("polar_express")) == "poly-steep"
-    assert tolerance.schedule_class(Orthogonalizer.named("svd")) == "svd"
+    assert keys.schedule_class(steep) == "poly-steep"
+    assert keys.schedule_class(Orthogonalizer.named("newton_schulz")) == "poly-mild"
+    assert keys.schedule_class(Orthogonalizer.named("polar_express")) == "poly-steep"
+    assert keys.schedule_class(Orthogonalizer.named("svd")) == "svd"
 
 
 @pytest.mark.parametrize("dtypes", ["fp32@fp32", "bf16@bf16"])
@@ -211,7 +203,7 @@ def test_a_peer_running_another_schedule_is_judged_by_its_declared_schedule(dtyp
     (rounding alone moves a rank-1 Polar Express update by ~25% there: ill-posed, or not yet measured)."""
     case = Case.from_id(ROW_BF16.format(orth="ns").replace("bf16@bf16", dtypes))
     peer = Declares(orthogonalizer="polar_express")
-    assert tolerance.schedule_class(peer.conventions(case).orthogonalizer) == "poly-steep"
+    assert keys.schedule_class(peer.conventions(case).orthogonalizer) == "poly-steep"
     got = checks_of(case.id, peer)["reference"]
     if dtypes == "fp32@fp32":
         assert got.status == "pass" and "poly-steep/rank-1" in got.tolerance_source, got.message
@@ -240,50 +232,55 @@ def test_a_missing_entry_is_unsupported_never_error():
     case_id = GAUSS.format(dtypes="fp32@fp32", orth="svd", grad="gaussian")
     got = checks_of(case_id, Declares(compute="fp16"))
     assert got["reference"].status == "unsupported"
-    assert "the tolerance policy has no entry for muon fp32@fp16/svd" in got["reference"].message
+    assert "the tolerance policy has no entry for muon/fp32@fp16/svd" in got["reference"].message
     assert all(r.status != "error" for r in got.values())
 
 
-def test_cuda_without_its_measurement_falls_back_to_cpu_loudly(monkeypatch, tmp_path):
-    (tmp_path / "cpu.json").write_text((tolerance.MEASURED_DIR / "cpu.json").read_text())
-    monkeypatch.setattr(tolerance, "MEASURED_DIR", tmp_path)
-    tolerance.evidence.cache_clear()
-    try:
-        case = Case.from_id(GAUSS.format(dtypes="fp32@fp32", orth="svd", grad="gaussian"))
-        grads = [[f64(g) for g in step] for step in make_inputs(case).grads]
-        on_cuda = tolerance.for_case(case, OursMuon().conventions(case), grads, "cuda")
-        on_cpu = tolerance.for_case(case, OursMuon().conventions(case), grads, "cpu")
-        assert "cpu measurement used on cuda" in on_cuda.at(0, 0).source
-        assert "measured on cpu" in on_cpu.at(0, 0).source and on_cpu.at(0, 0).rtol == on_cuda.at(0, 0).rtol
-        with pytest.raises(ValueError, match="device class"):
-            tolerance.for_case(case, OursMuon().conventions(case), grads, "tpu")
-    finally:
-        tolerance.evidence.cache_clear()
+def _committed(device: str) -> Path:
+    """The committed coefficient table file of `device`, whatever DATA_DIR points at."""
+    return Path(tolerance.__file__).with_name("data") / tolerance.table_name(device)
 
 
-def test_a_device_measurement_is_used_for_its_device(monkeypatch, tmp_path):
-    cpu = json.loads((tolerance.MEASURED_DIR / "cpu.json").read_text())
-    cuda = {**cpu, "device": "cuda: test", "entries": {k: {**v, "worst": 10 * v["worst"]}
-                                                      for k, v in cpu["entries"].items()}}
-    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
-    (tmp_path / "cuda.json").write_text(json.dumps(cuda))
-    monkeypatch.setattr(tolerance, "MEASURED_DIR", tmp_path)
-    tolerance.evidence.cache_clear()
-    try:
-        case = Case.from_id(GAUSS.format(dtypes="fp32@fp32", orth="svd", grad="gaussian"))
-        grads = [[f64(g) for g in step] for step in make_inputs(case).grads]
-        on_cuda = tolerance.for_case(case, OursMuon().conventions(case), grads, "cuda")
-        on_cpu = tolerance.for_case(case, OursMuon().conventions(case), grads, "cpu")
-        assert "measured on cuda" in on_cuda.at(0, 0).source and on_cuda.at(0, 0).rtol > on_cpu.at(0, 0).rtol
-    finally:
-        tolerance.evidence.cache_clear()
+@pytest.fixture
+def data_dir(monkeypatch, tmp_path):
+    """An empty table directory in place of harness/policy/data, the loader's cache cleared around the test."""
+    monkeypatch.setattr(tables, "DATA_DIR", tmp_path)
+    tables.load.cache_clear()
+    yield tmp_path
+    tables.load.cache_clear()
+
+
+def test_cuda_without_its_measurement_falls_back_to_cpu_loudly(data_dir):
+    tables.write(tables.read(_committed("cpu")), data_dir / tolerance.table_name("cpu"))
+    case = Case.from_id(GAUSS.format(dtypes="fp32@fp32", orth="svd", grad="gaussian"))
+    grads = [[f64(g) for g in step] for step in make_inputs(case).grads]
+    on_cuda = tolerance.for_case(case, OursMuon().conventions(case), grads, "cuda")
+    on_cpu = tolerance.for_case(case, OursMuon().conventions(case), grads, "cpu")
+    assert "cpu measurement used on cuda" in on_cuda.at(0, 0).source
+    assert "measured on cpu" in on_cpu.at(0, 0).source and on_cpu.at(0, 0).rtol == on_cuda.at(0, 0).rtol
+    with pytest.raises(ValueError, match="device class"):
+        tolerance.for_case(case, OursMuon().conventions(case), grads, "tpu")
+
+
+def test_a_device_measurement_is_used_for_its_device(data_dir):
+    cpu = tables.read(_committed("cpu"))
+    cuda = dataclasses.replace(cpu, provenance={**cpu.provenance, "device": "cuda: test"},
+                               entries={k: dataclasses.replace(v, worst={"c": 10 * v.worst["c"]})
+                                        for k, v in cpu.entries.items()})
+    tables.write(cpu, data_dir / tolerance.table_name("cpu"))
+    tables.write(cuda, data_dir / tolerance.table_name("cuda"))
+    case = Case.from_id(GAUSS.format(dtypes="fp32@fp32", orth="svd", grad="gaussian"))
+    grads = [[f64(g) for g in step] for step in make_inputs(case).grads]
+    on_cuda = tolerance.for_case(case, OursMuon().conventions(case), grads, "cuda")
+    on_cpu = tolerance.for_case(case, OursMuon().conventions(case), grads, "cpu")
+    assert "measured on cuda" in on_cuda.at(0, 0).source and on_cuda.at(0, 0).rtol > on_cpu.at(0, 0).rtol
 
 
 def test_tolerance_source_is_one_line_naming_entry_class_and_numbers():
     case = Case.from_id(SEED686)
     source = policy(case, OursMuon(), make_inputs(case)).at(4, 1).source
     assert "\n" not in source
-    for part in ("muon fp64@fp64/svd/ill", "amplification", "condition", "measured on cpu", "u(fp64)"):
+    for part in ("muon/fp64@fp64/svd/ill", "amplification", "condition", "measured on cpu", "u(fp64)"):
         assert part in source, part
     assert math.isfinite(float(source.split("rtol ")[1].split()[0]))
 
@@ -328,35 +325,16 @@ def test_a_dion2_key_allows_what_muon_does_on_the_steps_dion2_shares(monkeypatch
     assert {r.check: r.status for r in run_case(case, ours, "ours")}["reference"] == "fail"
 
 
+EMPTY = tables.Table("coefficient", "no measurement", {"commands": []}, {})
+
+
 def test_a_policy_gap_is_unsupported_in_every_check_that_needs_the_policy(monkeypatch):
     """scale and fraction1 passed the gap on as a failure (ratio nan) or lost it: unsupported, as in reference."""
-    empty = tolerance.Evidence("cpu", {}, {})
-    monkeypatch.setattr(tolerance, "evidence", lambda device: empty)
+    monkeypatch.setattr(tolerance, "evidence", lambda device: EMPTY)
     got = checks_of("dion2-f1/conv2d-8x4x3x3/mb2/flat/fp32@fp32/pe/spectral_norm/plain/wd0/steps2/gaussian/seed0",
                     OursMuon())
     for name in ("reference", "megabatch", "equiv2d", "fraction1", "scale"):
         assert got[name].status == "unsupported" and "no entry" in got[name].message, (name, got[name].status)
-
-
-def test_drawn_cases_are_the_property_tests_and_reproducible():
-    from cases.strategies import cases as strategy  # noqa: F401  (the strategy --drawn samples)
-    first = MEASURE.drawn(12, 5, ("dion2", "nordion2"))
-    assert first == MEASURE.drawn(12, 5, ("dion2", "nordion2")) and len(first) >= 6
-    assert {c.optimizer for c in first} <= {"dion2", "nordion2"} and len({c.seed for c in first}) > 3
-    assert MEASURE.drawn(12, 6, ("dion2", "nordion2")) != first
-
-
-def test_merge_keeps_each_keys_worst_and_sums_counts(tmp_path):
-    def entry(worst, n, case):
-        return {"worst": worst, "median": worst / 2, "n": n, "worst_case": case}
-    a = tmp_path / "a.json"
-    a.write_text(json.dumps({"command": "A", "cases": 3, "runs": 4, "seconds": 1.0,
-                             "entries": {"k1": entry(0.5, 3, "a1"), "stale": entry(9.0, 1, "s")}}))
-    mine = {"k1": entry(0.2, 10, "m1"), "k2": entry(0.1, 1, "m2")}
-    out, commands, totals = MEASURE.merged(mine, [a], drop="^stale$")
-    assert out["k1"] == {"worst": 0.5, "median": 0.1, "n": 13, "worst_case": "a1"}
-    assert out["k2"] == mine["k2"] and "stale" not in out
-    assert commands == ["A"] and totals["runs"] == 4 and totals["cases"] == 3
 
 
 FLOOR_CASE = "muon/linear-12x20/mb1/noflat/bf16@fp32/ns/spectral_norm/nesterov/wd0/steps1/rankdef/seed0"
@@ -369,8 +347,8 @@ def test_a_key_with_little_measured_error_keeps_the_floor():
     this update by a quarter, so it is skipped as ill-posed, never failed (nor passed)."""
     case = Case.from_id(FLOOR_CASE)
     pol = policy(case, OursMuon(), make_inputs(case))
-    assert str(pol.key) == "muon bf16@fp32/poly-mild/ill" and pol.coefficient >= tolerance.COEFFICIENT_FLOOR
-    assert tolerance.coefficient(0.0085) == tolerance.COEFFICIENT_FLOOR  # the worst it had then: now the floor
+    assert str(pol.key) == "muon/bf16@fp32/poly-mild/ill" and pol.coefficient >= FLOOR
+    assert tolerance.coefficient(0.0085) == FLOOR  # the worst it had then: now the floor
     got = checks_of(FLOOR_CASE, OursMuon())["reference"]
     assert got.status == "skipped" and got.message.startswith("ill-posed"), (got.status, got.message)
 
@@ -403,8 +381,7 @@ def test_a_policy_gap_on_a_tie_selection_is_skipped_as_ill_posed(monkeypatch):
     case with an entry is; a case without a tie still reports the gap as unsupported."""
     tie = "nordion2-f0.25/conv1d-8x4x5/mb1/noflat/bf16@fp32/ns/spectral_norm/plain/wd0/steps3/gaussian/seed0"
     with_entries = checks_of(tie, OursMuon())
-    empty = tolerance.Evidence("cpu", {}, {})
-    monkeypatch.setattr(tolerance, "evidence", lambda device: empty)
+    monkeypatch.setattr(tolerance, "evidence", lambda device: EMPTY)
     without = checks_of(tie, OursMuon())
     for name in ("reference", "scale"):
         for got in (with_entries, without):

@@ -25,11 +25,16 @@ class AlgorithmCases:
     """name: `Case.optimizer`; covered: the shared covering arrays of cases/tiers.py vary it; selecting: its
     cases carry a fraction (and, when distributed, a selection scope) and have no Nesterov form; layouts: the
     distributed layouts its cases may have; tensor_parallel: its cases may have tensor-parallel layouts;
-    generators: tier name -> the functions returning the cases it adds to that tier."""
+    hyper: the hyper-parameters of `Case` it has beyond lr and weight decay (momentum, beta2, ef_decay: the
+    others stay at their defaults); elementwise: it has no matrix stages (AdamW: no orthogonalizer, any
+    parameter rank, computed in the parameter's dtype); generators: tier name -> the functions returning the cases it adds to
+    that tier."""
 
     name: str
+    hyper: tuple[str, ...] = ("momentum",)
     covered: bool = False
     selecting: bool = False
+    elementwise: bool = False
     layouts: tuple[str, ...] = DISTRIBUTED
     tensor_parallel: bool = False
     generators: Mapping[str, tuple[Generator, ...]] = field(default_factory=lambda: MappingProxyType({}))

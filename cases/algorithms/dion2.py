@@ -70,7 +70,7 @@ def scope_dependence(world_sizes: tuple[int, ...]) -> Iterator[Case]:
                    scope=scope)
 
 
-ENTRY = AlgorithmCases("dion2", selecting=True, generators=MappingProxyType({
+ENTRY = AlgorithmCases("dion2", ("ef_decay",), selecting=True, generators=MappingProxyType({
     "ci": (lambda: selecting_single(LAYERS_, 2, DTYPES_, range(1)),
            lambda: selecting_gradients("conv2d", ("lowrank", "zero", "huge")),
            lambda: selecting_distributed(("conv2d", "linear_tall"), layouts.CI_WORLD_SIZES, range(1), every_size=False),

@@ -3,4 +3,4 @@ distributed only replicated or row-sharded (its row statistics need whole rows).
 
 from cases.algorithms import AlgorithmCases
 
-ENTRY = AlgorithmCases("nordion2", selecting=True, layouts=("replicated", "shard0"))
+ENTRY = AlgorithmCases("nordion2", ("ef_decay", "beta2"), selecting=True, layouts=("replicated", "shard0"))

@@ -3,4 +3,4 @@ statistics need whole rows)."""
 
 from cases.algorithms import AlgorithmCases
 
-ENTRY = AlgorithmCases("normuon", covered=True, layouts=("replicated", "shard0"))
+ENTRY = AlgorithmCases("normuon", ("momentum", "beta2"), covered=True, layouts=("replicated", "shard0"))

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cases import Case
+from cases import Case, algorithms
 from oracles import Conventions
 
 Step = Callable[[np.ndarray, Any, np.ndarray], tuple[np.ndarray, Any, float]]
@@ -71,6 +71,11 @@ class AlgorithmInfo:
     includes: str | None = None
     robust_checks: tuple[str, ...] = ()
     drift: bool = False
+
+    @property
+    def elementwise(self) -> bool:
+        """No matrix stages (its case entry says so: cases/algorithms/)."""
+        return algorithms.entry(self.name).elementwise
 
 
 @functools.cache

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cases import Case, matrix_shape
+from cases.axes import EF_DECAY
 from cases.layouts import piece_sizes, shard_dim
 from harness.algorithms import AlgorithmInfo, Directions, Oracle
 from harness.policy.ill_posed import selection_ill_posed
@@ -71,7 +72,8 @@ def fraction_one(optimizer: str) -> Callable[[Case], Case | None]:
     def equivalent(case: Case) -> Case | None:
         if case.fraction != 1.0:
             return None
-        return dataclasses.replace(case, optimizer=optimizer, fraction=None, scope=None)
+        return dataclasses.replace(case, optimizer=optimizer, fraction=None, scope=None, momentum=case.ef_decay,
+                                   ef_decay=EF_DECAY)
     return equivalent
 
 

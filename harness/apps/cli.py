@@ -15,16 +15,26 @@ arguments and the function that runs it; a new subcommand is a new entry.
 Exit status: 0 success; 1 a check failed or errored, nothing at all was checked, or
 (diff, --baseline) the head regressed; 2 bad usage, reported in one line before any case
 runs (unknown option, target or backend, a target that fails to import, empty selection,
-an --out that cannot be written or lies inside a run being read, a directory that holds no
-run or a run whose files disagree, runs that are not comparable without --force);
-128+N a run stopped by signal N (130 SIGINT, 143 SIGTERM), after writing the cases it
-finished, marked incomplete.
+an --out that cannot be written, lies inside a run being read, holds a stored run without
+--replace, holds files but no run, is being written by another run, or lacks the free space
+a run needs; a directory that holds no run, a stored run that is unreadable or whose files
+disagree, or one without digests without --allow-undigested; runs that are not comparable,
+or trend runs of different tiers, without --force; one run named twice to trend), or a run
+that could not be stored (one line; the folder is as it was); 128+N a run stopped by
+signal N (130 SIGINT, 143 SIGTERM), after writing the cases it finished, marked incomplete.
+
+A run survives its target's faults: judged in worker processes (--jobs, --isolate, --timeout), a
+case whose target crashes, exits or hangs is that case's error and the run goes on; judged in this
+process, a target that kills it ends the run with that process's status (e.g. 3, or 139 for
+SIGSEGV), and a watcher stores the finished cases and the one it died in, marked incomplete
+(harness/apps/journal.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import importlib
 import math
 import os
@@ -35,8 +45,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +55,26 @@ import torch.distributed as dist
 
 from cases import TIERS, Case
 from harness.apps import pr_diff
+from harness.apps.journal import Journal
 from harness.apps.outputs import write_run
 from harness.judging import diagnosis
 from harness.judging.details import Pictures
+from harness.judging.scope import MIN_JUDGED, judgement
 from harness.runner import BACKENDS, Interrupted, Stop, run
 from harness.running.backends import get as get_backend
 from harness.running.pool import DEFAULT_TIMEOUT, TORCHRUN_TIMEOUT, TorchrunRanks, pools, under_torchrun
-from harness.running.selection import nearest, select
-from harness.targets import DEFAULT, load_target
+from cases import tier as tier_cases
+from harness.running.selection import TargetTier, narrow, nearest, target_tier
+from harness.targets import DEFAULT, TargetError, load_target, target_module
 from harness.targets.base import Target
-from reports import (Record, RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown, render_trend_html,
-                     status_counts, worst_first)
+from harness.targets.identity import module_identity
+from reports import (CodeIdentity, Record, RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown,
+                     render_trend_html, status_counts, worst_first)
 from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
+from reports.diff_html import same_code_note
+from reports.run_folder import RunFolder, StoreError, check, claim, estimated_bytes, write_file
 from reports.store import project_commit
+from reports.trend import repeated
 
 Run = tuple[list, dict[str, Any]]
 """(records, context) of a stored run, as `load_run` returns it."""
@@ -90,6 +107,8 @@ def _number(minimum: float, inclusive: bool) -> Callable[[str], float]:
 
 def _list_arguments(p: argparse.ArgumentParser) -> None:
     _selection_arguments(p)
+    p.add_argument("--target", help="list the cases this target's own tier holds, then why the global tier's "
+                                    "others are unsupported (alias or MODULE:CALLABLE)")
     p.add_argument("--coverage", action="store_true",
                    help="also print the coverage summary of the listed cases (cases/coverage.py)")
 
@@ -105,21 +124,44 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cpu", help=f"comma-separated backends, each once, of {', '.join(BACKENDS)}")
     p.add_argument("--target", default=DEFAULT, help="alias or MODULE:CALLABLE returning a Target (default: ours)")
     p.add_argument("--timeout", type=_number(0.0, inclusive=False), metavar="SECONDS",
-                   help=f"seconds a distributed case may run before its ranks count as hung (default "
-                        f"{DEFAULT_TIMEOUT:g}; under torchrun it is the process group's timeout, default "
-                        f"{TORCHRUN_TIMEOUT:g})")
-    p.add_argument("--out", default="out", type=Path, help="directory for results.parquet/.csv, run.json, reports")
+                   help=f"seconds a target's code may run at a stretch before its case is an error with its "
+                        f"stacks: a distributed case's ranks, a single-process case's worker process (giving "
+                        f"--timeout runs single-process cases in workers, as --isolate); default "
+                        f"{DEFAULT_TIMEOUT:g}, and none for single-process cases run in this process; under "
+                        f"torchrun it is the process group's timeout, default {TORCHRUN_TIMEOUT:g}")
+    p.add_argument("--out", default="out", type=Path,
+                   help="directory for results.parquet/.csv, run.json, reports: absent, empty, or a stored run "
+                        "with --replace; written beside it and renamed into place when complete")
+    p.add_argument("--replace", action="store_true",
+                   help="replace the stored run at --out (the old one stays until the new one is in place)")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="a stored run to diff this run against")
     p.add_argument("--growth", default=DEFAULT_GROWTH, type=_number(1.0, inclusive=True),
                    help=f"with --baseline: error growth factor that counts (default {DEFAULT_GROWTH:g})")
-    p.add_argument("--force", action="store_true", help="with --baseline: compare even if not comparable")
+    p.add_argument("--force", action="store_true",
+                   help="with --baseline: compare even if the runs are not comparable (tier, target, backends)")
+    _undigested_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--allow-thin", action="store_true",
+                   help=f"exit 0 on a run that judged too little to mean anything (fewer than {MIN_JUDGED} cases, or "
+                        f"an axis value the target supports judged on no case); it still says so")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                    help="judge N single-process cases at once in spawned worker processes, each with "
-                        "cores/N BLAS threads (default 1: in this process; ignored under torchrun)")
+                        "cores/N BLAS threads, as --isolate does (default 1: in this process; ignored under "
+                        "torchrun)")
+    p.add_argument("--isolate", action="store_true",
+                   help="judge single-process cases in a worker process: a case whose target crashes, exits or "
+                        "runs past --timeout is an error with the exit status, signal or stacks and its output, "
+                        "and the run goes on (without it, a target that kills this process ends the run; the cases it "
+                        "finished are stored)")
     p.add_argument("--threads", type=_jobs, metavar="T",
                    help="with --jobs: BLAS threads per worker (default: cores / N; name it when several runs "
                         "share the machine, so that their workers' threads add up to its cores)")
+
+
+def _undigested_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-undigested", action="store_true",
+                   help="read stored runs without digests (no run.json, or one of schema version 1), which "
+                        "cannot be checked against what their run wrote")
 
 
 def _jobs(text: str) -> int:
@@ -142,12 +184,15 @@ def _diff_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"error growth factor that counts (default {DEFAULT_GROWTH:g})")
     p.add_argument("--force", action="store_true",
                    help="compare runs of different tiers, targets, backends, selections or completeness")
+    _undigested_argument(p)
 
 
 def _trend_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", type=Path, help="directories of stored runs")
+    p.add_argument("runs", nargs="+", type=Path, help="directories of stored runs, each run once")
     p.add_argument("--out", default="trend-out", type=Path,
                    help="directory for trend.html, never inside a run read (default: trend-out)")
+    p.add_argument("--force", action="store_true", help="follow runs of different tiers")
+    _undigested_argument(p)
 
 
 def _selftest_arguments(p: argparse.ArgumentParser) -> None:
@@ -163,31 +208,59 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return selftest.main(limit)
 
 
-def _cases(tier: str, patterns: list[str]) -> list[Case]:
-    """The selected cases; a usage error naming the nearest ids when none matches."""
-    cases = select(tier, patterns)
+def _cases(tier: str, patterns: list[str], own: TargetTier | None = None) -> list[Case]:
+    """The selected cases of the global tier, or of a target's own tier; a usage error naming the nearest
+    ids when none matches."""
+    every = tier_cases(tier) if own is None else list(own.cases)
+    cases = narrow(every, patterns)
     if not cases:
-        ids = [c.id for c in select(tier, [])]
-        near = [n for p in patterns for n in nearest(p, ids)]
+        near = [n for p in patterns for n in nearest(p, [c.id for c in every])]
         hint = f"; nearest: {', '.join(near)}" if near else ""
-        raise UsageError(f"no case of tier {tier!r} matches --select {' '.join(patterns)}{hint}")
+        whose = f"tier {tier!r}" if own is None else f"the target's {tier} tier"
+        raise UsageError(f"no case of {whose} matches --select {' '.join(patterns)}{hint}")
     return cases
 
 
-def _load(run_dir: Path) -> Run:
+def _own_tier(tier: str, target: Target) -> TargetTier:
+    """`target`'s own tier, or a usage error where its adapter raises while saying what it supports."""
     try:
-        return load_run(run_dir)
-    except ValueError as exc:
+        return target_tier(tier, target)
+    except Exception as exc:  # an adapter's unsupported() that raises is bad input, whatever it raises
+        raise UsageError(f"target {target.name}: asking what it supports raised {type(exc).__name__}: {exc}") from None
+
+
+def _load(run_dir: Path, undigested: bool) -> Run:
+    try:
+        return load_run(run_dir, undigested=undigested)
+    except StoreError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _outside(out: Path, reading: list[Path]) -> None:
+    """A usage error when `out` is or lies inside a run being read."""
+    resolved = out.resolve()
+    for run_dir in reading:
+        if resolved == run_dir.resolve() or run_dir.resolve() in resolved.parents:
+            raise UsageError(f"--out {out} is inside {run_dir}, a run this command reads; choose another directory")
+
+
+def _run_folder(out: Path, reading: list[Path], replace: bool, cases: int) -> RunFolder | None:
+    """`out` checked for a run of `cases` cases (reports.run_folder.check) and claimed (locked) by the
+    process that will write it; on the other torchrun ranks checked alike, and None."""
+    _outside(out, reading)
+    try:
+        if under_torchrun() and os.environ["RANK"] != "0":
+            check(out, replace=replace, expected_bytes=estimated_bytes(cases))
+            return None
+        return claim(out, replace=replace, expected_bytes=estimated_bytes(cases))
+    except StoreError as exc:
+        raise UsageError(f"--out {exc}") from None
 
 
 def _output_dir(out: Path, reading: list[Path]) -> Path:
     """`out`, created and proven writable; refused when it is a file, is or lies inside a run being
     read, or cannot be created or written. Call it last among the checks: it creates `out`."""
-    resolved = out.resolve()
-    for run_dir in reading:
-        if resolved == run_dir.resolve() or run_dir.resolve() in resolved.parents:
-            raise UsageError(f"--out {out} is inside {run_dir}, a run this command reads; choose another directory")
+    _outside(out, reading)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
     try:
@@ -223,13 +296,15 @@ def _write_diff(base: Run, head: Run, base_dir: Path, out: Path, growth: float, 
         diff = diff_runs(base_records, head_records, growth=growth, across_backends=across)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    (out / "diff.html").write_text(render_diff_html(diff, base_ctx, head_ctx))
-    (out / "diff.md").write_text(render_diff_markdown(diff, base_ctx, head_ctx))
+    write_file(out / "diff.html", render_diff_html(diff, base_ctx, head_ctx))
+    write_file(out / "diff.md", render_diff_markdown(diff, base_ctx, head_ctx))
     verdict = "REGRESSED" if diff.regressed else "no regression"
     paired = (f" paired across backends {base_ctx.get('backends')} -> {head_ctx.get('backends')};"
               if across else "")
     print(f"diff against {base_dir}:{paired} {verdict} ({', '.join(f'{len(v)} {k}' for k, v in diff.categories().items() if v)}); "
           f"{out}/diff.html", file=sys.stderr)
+    if same := same_code_note(base_ctx, head_ctx):
+        print(same, file=sys.stderr)
     return diff.regressed
 
 
@@ -249,6 +324,8 @@ def _target(spec: str) -> Target:
     """The target, or a usage error: a bad spec, or a module or factory that raises."""
     try:
         return load_target(spec)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
     except Exception as exc:  # a target module that fails to import is bad input, whatever it raises
         text = str(exc).splitlines()[0] if str(exc) else ""
         raise UsageError(f"target {spec!r} could not be loaded: {type(exc).__name__}: {text}") from None
@@ -290,11 +367,17 @@ def _stop_on_signals() -> Iterator[None]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    cases = _cases(args.tier, args.select)
+    own = _own_tier(args.tier, _target(args.target)) if args.target else None
+    cases = _cases(args.tier, args.select, own)
     summary = _coverage(cases) if args.coverage else None
     for case in cases:
         print(case.id)
-    print(f"{len(cases)} cases")
+    print(f"{len(cases)} cases" + (f" of the {len(own.cases)} in {args.target}'s {args.tier} tier" if own else ""))
+    if own is not None:
+        print(f"{own.unsupported} of the {len(tier_cases(args.tier))} cases of the global {args.tier} tier are "
+              f"unsupported; why, with how many of them each reason was given for:")
+        for why, count in own.reasons.most_common():
+            print(f"  {count:6d}  {why}")
     if summary:
         print(summary.rstrip("\n"))
     return 0
@@ -314,56 +397,73 @@ def _coverage(cases: list[Case]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     backends = _backends(args.backend)
     target = _target(args.target)
-    cases = _cases(args.tier, args.select)
+    code = module_identity(target_module(args.target))  # before any case runs: the code as imported
+    own = _own_tier(args.tier, target)
+    cases = _cases(args.tier, args.select, own)
     base = None
     if args.baseline is not None:
-        base = _load(args.baseline)
+        base = _load(args.baseline, args.allow_undigested)
         head = {"tier": args.tier, "targets": [target.name], "backends": ",".join(backends)}
         _comparable(base[1], head, (args.baseline, Path("this run")), args.force, ("tier", "targets", "backends"))
-    _output_dir(args.out, [args.baseline] if args.baseline is not None else [])  # every torchrun rank refuses alike
-    ranks = _torchrun_ranks(backends, args.timeout)
-    if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
-        return 0
+    folder = _run_folder(args.out, [args.baseline] if args.baseline is not None else [], args.replace,
+                         len(cases) * len(backends))  # every torchrun rank refuses alike
     try:
-        with _stop_on_signals():
-            return _run(args, target, backends, cases, base, ranks)
+        ranks = _torchrun_ranks(backends, args.timeout)
+        if ranks is None and under_torchrun() and os.environ["RANK"] != "0":
+            return 0
+        try:
+            with _stop_on_signals():
+                return _run(args, target, code, backends, cases, base, ranks, own, folder)
+        finally:
+            pools().close()
     finally:
-        pools().close()
+        if folder is not None:
+            folder.release()
 
 
-def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: list[Case], base: Run | None,
-         ranks: TorchrunRanks | None) -> int:
-    """Run, then (on the driver) write the stored run and the reports; see `cmd_run`."""
+def _run(args: argparse.Namespace, target: Target, code: CodeIdentity, backends: list[str], cases: list[Case],
+         base: Run | None, ranks: TorchrunRanks | None, own: TargetTier, folder: RunFolder | None) -> int:
+    """Run, then (on the driver) write the stored run and the reports, naming `code` as the code judged;
+    see `cmd_run`. Outside torchrun a journal (harness/apps/journal.py) stores the finished cases should
+    this process die first."""
     driver = ranks is None or ranks.is_driver
     progress = None if args.quiet or not driver else sys.stderr
+    faulthandler.enable()  # a fatal signal in a target judged here prints the Python stacks before the process ends
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     if progress:
-        print(f"judging {target.name} ({target.version()}) on {len(cases)} {args.tier} cases, "
-              f"backends {','.join(backends)}", file=progress)
-    records, stopped, pictures = [], None, Pictures()
-    parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
-    try:
-        for backend in backends:
-            if progress:
-                print(f"backend {backend}:", file=progress)
-            records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
-                           pictures=pictures, **parallel)
-    except Interrupted as exc:
-        records += exc.records
-        stopped = exc
-        print(f"{exc}; writing the checks of the cases it finished", file=sys.stderr)
-    if ranks is not None:
-        ranks.close()
-        if not driver:
-            return 0 if stopped is None else 128 + stopped.signum
+        print(f"judging {target.name} ({target.version()}) on {len(cases)} cases of its {args.tier} tier "
+              f"({len(own.cases)} cases; {own.unsupported} of the global tier's unsupported), backends "
+              f"{','.join(backends)}", file=progress)
     spec = "" if args.target == target.name else f" (--target {args.target})"
     info = RunInfo(target=f"{target.name}: {target.version()}{spec}", tier=args.tier,
                    backends=",".join(backends), command=shlex.join(["python", "-m", "harness", *sys.argv[1:]]),
-                   started=started.isoformat(timespec="seconds"), seconds=time.perf_counter() - t0,
-                   torch_version=torch.__version__, commit=project_commit(), selection=tuple(args.select),
-                   interrupted=stopped.reason if stopped else "")
-    write_run(records, info, args.out, pictures)
+                   started=started.isoformat(timespec="seconds"), seconds=0.0, torch_version=torch.__version__,
+                   commit=project_commit() if driver else "", selection=tuple(args.select), judged=code,
+                   harness=module_identity("harness"))
+    records, stopped, pictures = [], None, Pictures()
+    parallel = {"jobs": args.jobs, "threads": args.threads} if args.jobs > 1 else {}  # run's defaults: one process
+    if args.isolate:
+        parallel["isolate"] = True
+    with Journal(args.out, info) if ranks is None else nullcontext() as journal:
+        try:
+            for backend in backends:
+                if progress:
+                    print(f"backend {backend}:", file=progress)
+                records += run(cases, target, args.target, backend, progress, ranks, timeout=args.timeout,
+                               pictures=pictures, journal=journal, **parallel)
+        except Interrupted as exc:
+            records += exc.records
+            stopped = exc
+            print(f"{exc}; writing the checks of the cases it finished", file=sys.stderr)
+        if ranks is not None:
+            ranks.close()
+            if not driver:
+                return 0 if stopped is None else 128 + stopped.signum
+        judged = judgement(own, cases, records, backends, bool(args.select))
+        info = replace(info, seconds=time.perf_counter() - t0, interrupted=stopped.reason if stopped else "",
+                       scope=judged.scope, thin=judged.thin)
+        write_run(records, info, folder, pictures)
     counts = status_counts(records)
     checked = counts["pass"] + counts["fail"] + counts["error"]
     print(f"{len(records)} checks: " + ", ".join(f"{counts[s]} {s}" for s in counts)
@@ -378,10 +478,14 @@ def _run(args: argparse.Namespace, target: Target, backends: list[str], cases: l
         ids = {c.id for c in cases}
         selected = [r for r in base[0] if r.case_id in ids] if args.select else base[0]
         regressed = _write_diff((selected, base[1]), load_run(args.out), args.baseline, args.out, args.growth)
+    print(judged.scope, file=sys.stderr)
     if checked == 0:
         print("nothing was checked: every case is unsupported or skipped", file=sys.stderr)
         return 1
-    return 1 if counts["fail"] or counts["error"] or regressed else 0
+    if judged.thin:
+        print(f"THIN: {judged.thin}" + ("" if args.allow_thin else " (exit 1; --allow-thin accepts it)"),
+              file=sys.stderr)
+    return 1 if counts["fail"] or counts["error"] or regressed or (judged.thin and not args.allow_thin) else 0
 
 
 SUMMARY_CASES = 8
@@ -409,7 +513,7 @@ def failing_summary(records: list[Record], limit: int = SUMMARY_CASES) -> list[s
 def cmd_diff(args: argparse.Namespace) -> int:
     """Two runs of the same backends pair record by record; runs of different backends (gloo and
     nccl, cpu and cuda) pair each case across them, and must agree on everything else."""
-    base, head = _load(args.base), _load(args.head)
+    base, head = _load(args.base, args.allow_undigested), _load(args.head, args.allow_undigested)
     across = _across_backends(base[1], head[1])
     keys = tuple(k for k in COMPARABLE_BY if k != "backends") if across else COMPARABLE_BY
     _comparable(base[1], head[1], (args.base, args.head), args.force, keys)
@@ -418,9 +522,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_trend(args: argparse.Namespace) -> int:
-    runs = [_load(d) for d in args.runs]
+    """Runs of one tier (others with --force), each once."""
+    runs = [_load(d, args.allow_undigested) for d in args.runs]
+    twice = repeated([ctx for _, ctx in runs])
+    if twice:
+        first, second = twice[0]
+        raise UsageError(f"{args.runs[first]} and {args.runs[second]} are the same run; name each run once")
+    for run_dir, (_, ctx) in zip(args.runs[1:], runs[1:]):
+        _comparable(runs[0][1], ctx, (args.runs[0], run_dir), args.force, ("tier",))
     out = _output_dir(args.out, args.runs)
-    (out / "trend.html").write_text(render_trend_html([(ctx, records) for records, ctx in runs]))
+    write_file(out / "trend.html", render_trend_html([(ctx, records) for records, ctx in runs]))
     print(f"trend over {len(runs)} runs: {out}/trend.html", file=sys.stderr)
     return 0
 
@@ -458,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
-    except UsageError as exc:
+    except (UsageError, StoreError) as exc:  # StoreError: a stored run or report that could not be written
         print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Stop as exc:

@@ -31,7 +31,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, TextIO
+from typing import Callable, Sequence, TextIO
 
 import torch
 
@@ -40,12 +40,16 @@ from harness.algorithms import algorithm
 from harness.apps.selftest_catalog import CATALOG, Defect, spec
 from harness.judging import checks, diagnosis, registry, robust_checks
 from harness.judging.outcome import Outcome as CheckOutcome
+from harness.policy import noise as measured_noise
 from harness.policy import tolerance
 from harness.policy.bounds import Tolerance
 from harness.runner import run, run_case
 from harness.running.inputs import Inputs, make_inputs
 from harness.targets import load_target
+from harness.running.selection import target_tier
 from harness.targets.base import Target
+from harness.targets.torch_builtin import bf16_buffer_finding
+from oracles import Conventions
 from reports import Record
 
 CASES_PER_DEFECT = 6
@@ -59,7 +63,7 @@ DRIFT_CASES: tuple[Case, ...] = tuple(Case.from_id(i) for i in (
 """The selftest's own long cases, after the CI tier: 8 steps, so that the `drift` robust check runs its
 128-step persistent-gradient trajectory there (robust_checks.DRIFT_MIN_STEPS; too slow for the CI tier).
 Matrix layers with fp32 parameters and bf16 compute, where a bf16 momentum buffer, which no CI bf16 case
-shows, is measured against the drift noise of correct bf16 implementations (harness/bf16_drift_noise.json).
+shows, is measured against the drift noise of correct bf16 implementations (harness/policy/noise.py).
 Newton-Schulz: the same cases with Polar Express are ill-posed for the reference at 8 steps (rtol 0.36 >
 0.25: amplification ~370 of the orthogonalized direction), so the selftest would pass over them."""
 
@@ -69,15 +73,66 @@ def selftest_tier() -> list[Case]:
     return ci_cases() + list(DRIFT_CASES)
 
 
-def _torch_bf16_buffer(case: Case) -> str | None:
-    """Where torch.optim.Muon is not correct: its known bf16 momentum buffer bug (README, Findings)."""
-    if case.param_dtype == "bf16" and not case.nesterov and case.steps > 1:
-        return "torch.optim.Muon overwrites a bf16 momentum buffer in place without Nesterov (README, Findings)"
-    return None
-
-
-CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": _torch_bf16_buffer}
+CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": bf16_buffer_finding}
 """The correct targets, each with where it is known not to be (its findings): no false alarm there."""
+
+
+@dataclass(frozen=True)
+class Narrow:
+    """A narrow adapter's view of the case space: `refuses(case)` says why it cannot run a case, as an
+    adapter's `unsupported` does (None: it can). The defects run through it are judged on its own tier
+    (harness/running/selection.py), as a user's narrow optimizer is."""
+
+    name: str
+    refuses: Callable[[Case], str | None]
+    about: str
+
+
+def _readme_view(case: Case) -> str | None:
+    if case.optimizer != "muon" or len(case.shape) != 2 or case.world_size > 1:
+        return "Muon for 2-D parameters, one process"
+    if case.orthogonalizer != "newton_schulz" or case.compute_dtype != "fp32":
+        return "Newton-Schulz in fp32 only"
+    return None if case.adjust_lr == "spectral_norm" else "one lr scale"
+
+
+def _deepspeed_view(case: Case) -> str | None:
+    if case.optimizer != "muon" or case.world_size > 1:
+        return "Muon, one process"
+    if case.orthogonalizer != "newton_schulz" or case.compute_dtype != "bf16" or not case.nesterov:
+        return "Keller Jordan's quintic in bf16, Nesterov always"
+    return None if case.adjust_lr == "spectral_norm" else "one lr scale"
+
+
+NARROW = (
+    Narrow("readme-2d-fp32", _readme_view, "the README's adapter: Muon for 2-D weights, Newton-Schulz in fp32, "
+                                           "one lr scale"),
+    Narrow("deepspeed-like", _deepspeed_view, "as DeepSpeed's SingleDeviceMuon: Muon, Keller Jordan's quintic, "
+                                              "Nesterov always, one lr scale, bf16 compute"),
+)
+"""The narrow adapters every defect also runs through (issue: a narrow target must meet its own bugs)."""
+
+
+class Restricted(Target):
+    """`inner` seen through a narrow adapter: it supports only what `narrow` accepts, and runs as `inner`."""
+
+    def __init__(self, inner: Target, narrow: Narrow) -> None:
+        self.inner, self.narrow = inner, narrow
+        self.name = f"{inner.name}@{narrow.name}"
+        self.exact_relations = inner.exact_relations
+
+    def version(self) -> str:
+        return self.inner.version()
+
+    def unsupported(self, case: Case) -> str | None:
+        return self.narrow.refuses(case) or self.inner.unsupported(case)
+
+    def conventions(self, case: Case) -> Conventions:
+        return self.inner.conventions(case)
+
+    def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
+            case: Case) -> list[list[torch.Tensor]]:
+        return self.inner.run(params, grads, case)
 
 
 @dataclass(frozen=True)
@@ -114,10 +169,13 @@ class Outcome:
     seconds: float
     hidden: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     """Per defect, the cases passed over as hidden by noise, with the measured numbers (why_hidden)."""
+    narrow: dict[str, dict[str, list[Verdict]]] = dataclasses.field(default_factory=dict)
+    """Per narrow adapter (NARROW), the verdicts of each defect on that adapter's own tier."""
 
     @property
     def survivors(self) -> list[tuple[str, Verdict]]:
-        return [(name, v) for name, vs in self.verdicts.items() for v in vs if not v.killed]
+        views = [("", self.verdicts), *((f"@{n}", v) for n, v in self.narrow.items())]
+        return [(name + at, v) for at, verdicts in views for name, vs in verdicts.items() for v in vs if not v.killed]
 
     @property
     def passed(self) -> bool:
@@ -214,7 +272,7 @@ def visibility(target: Target, ours: Target, case: Case) -> list[Visibility]:
     the case with fp64 dtypes, judged by the same check; for an exact relation, which no rounding
     noise blurs, its value on `case` itself), the check's allowance for the defect on `case`, and
     ours' own value on `case`. Robust statistics (norm, decay, sv_mean, ...) count one by
-    one, their allowance NOISE_MARGIN x the measured noise."""
+    one, their allowance that of the measured noise (harness/policy/noise.py)."""
     twin = dataclasses.replace(case, param_dtype="fp64", compute_dtype="fp64")
     inputs, twin_inputs = make_inputs(case), make_inputs(twin)
     traj = target.run(inputs.params, inputs.grads, case)
@@ -242,24 +300,24 @@ def visibility(target: Target, ours: Target, case: Case) -> list[Visibility]:
         judged = {s for c in statistic_checks for s in robust_checks.STATISTIC_CHECKS[c]}
         exact = robust_checks.statistics(twin, target, twin_inputs, twin_traj, resolved_as=case)
         noise = robust_checks.statistics(case, ours, inputs, mine)
-        measured = robust_checks.measured_noise(case, compute) or {}
-        for stat in sorted(judged & set(measured) & set(exact)):
-            out.append(Visibility(stat, abs(exact[stat]), robust_checks.NOISE_MARGIN * measured[stat],
+        measured = measured_noise.of_case(case, compute)
+        for stat in sorted(judged & set(measured.worst if measured else ()) & set(exact)):
+            out.append(Visibility(stat, abs(exact[stat]), measured.allowed(stat),
                                   abs(noise.get(stat, 0.0))))
-    drift = robust_checks.drift_noise(case, compute) if "drift" in statistic_checks else None
+    drift = measured_noise.of_drift(case, compute, robust_checks.DRIFT_FACTOR) if "drift" in statistic_checks else None
     if drift:  # a norm of the accumulated error, measured on the case itself (see drift_visibility)
-        out.append(drift_visibility(target, ours, case, inputs, drift["drift"]))
+        out.append(drift_visibility(target, ours, case, inputs, drift.allowed("drift")))
     return out
 
 
-def drift_visibility(target: Target, ours: Target, case: Case, inputs: Inputs, measured: float) -> Visibility:
+def drift_visibility(target: Target, ours: Target, case: Case, inputs: Inputs, allowed: float) -> Visibility:
     """`drift`'s Visibility: its statistic is a norm of the accumulated error, not a signed mean that an
     fp64 twin could give free of noise, and the defects it is for act through the rounding (a bf16 buffer's
     stagnation; a safety factor that exists for bf16 rounding): the defect's value on the case itself, set
     against the allowance plus ours' value on the same case (the rounding both runs carry)."""
     theirs = robust_checks.drift_statistics(case, target, inputs)["drift"]
     mine = robust_checks.drift_statistics(case, ours, inputs)["drift"]
-    return Visibility("drift", math.inf if math.isnan(theirs) else abs(theirs), robust_checks.NOISE_MARGIN * measured,
+    return Visibility("drift", math.inf if math.isnan(theirs) else abs(theirs), allowed,
                       abs(_finite(mine)))
 
 
@@ -399,8 +457,10 @@ def false_alarms(cases: list[Case]) -> dict[str, list[Record]]:
             for name, known in CORRECT.items()}
 
 
-def selftest(limit: int = CASES_PER_DEFECT, defects: tuple[Defect, ...] = CATALOG) -> Outcome:
-    """Run every defect and the correct targets; see the module docstring."""
+def selftest(limit: int = CASES_PER_DEFECT, defects: tuple[Defect, ...] = CATALOG,
+             views: tuple[Narrow, ...] = NARROW) -> Outcome:
+    """Run every defect and the correct targets; see the module docstring. Every single-process defect also
+    runs through each narrow adapter of `views`."""
     start = time.perf_counter()
     torch.set_num_threads(1)
     tier = selftest_tier()
@@ -412,7 +472,19 @@ def selftest(limit: int = CASES_PER_DEFECT, defects: tuple[Defect, ...] = CATALO
         cases = choose(defect, defect.make(), ours, tier, limit, hidden.setdefault(defect.name, {}))
         union.update({c.id: c for c in cases})
         verdicts[defect.name] = judge(defect, cases)
-    return Outcome(verdicts, false_alarms(list(union.values())), time.perf_counter() - start, hidden)
+    narrow = {view.name: through(view, defects, ours, limit) for view in views}
+    return Outcome(verdicts, false_alarms(list(union.values())), time.perf_counter() - start, hidden, narrow)
+
+
+def through(view: Narrow, defects: tuple[Defect, ...], ours: Target, limit: int) -> dict[str, list[Verdict]]:
+    """Each single-process defect seen through the narrow adapter `view`, on the cases of that adapter's own
+    CI tier where it can show (up to `limit`, half with bf16 compute where there are such)."""
+    tier = list(target_tier("ci", Restricted(ours, view)).cases)
+    out = {}
+    for defect in defects:
+        if not defect.distributed:
+            out[defect.name] = judge(defect, choose(defect, Restricted(defect.make(), view), ours, tier, limit))
+    return out
 
 
 def _rate(part: int, whole: int) -> str:
@@ -449,6 +521,12 @@ def render(outcome: Outcome) -> str:
         lines.extend(f"MISDIAGNOSED {name}: {v.case.id}: {v.diagnosis}" for v in vs if v.killed and not v.explained)
         reasons = sorted({v.reason for v in vs if v.killed and not v.diagnosed and v.reason})
         lines.extend(f"NO DIAGNOSIS POSSIBLE {name}: {r}" for r in reasons)
+    for view, verdicts in outcome.narrow.items():
+        shown = [v for vs in verdicts.values() for v in vs]
+        bf16 = [v for v in shown if v.bf16]
+        lines.append(f"through {view}: kill rate {_rate(sum(v.killed for v in shown), len(shown))} cases over "
+                     f"{sum(1 for vs in verdicts.values() if vs)} defects that can show there; bf16 compute only: "
+                     f"{_rate(sum(v.killed for v in bf16), len(bf16))}")
     for name, records in outcome.false_alarms.items():
         lines.append(f"false alarms on {name}: {len(records)}")
         lines.extend(f"  FALSE ALARM {r.check} {r.case_id} ratio {r.ratio:.3g}" for r in records)

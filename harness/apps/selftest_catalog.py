@@ -75,6 +75,23 @@ def _decay_adjusted_lr(x: torch.Tensor, update: torch.Tensor, state: State, grou
     x.add_(update, alpha=-group["lr"] * scale)
 
 
+def _bf16_factor(lr: float, weight_decay: float) -> float:
+    """1 - lr wd rounded to bf16, as a torch._foreach_* scalar op on bf16 tensors rounds it on CPU."""
+    return float(torch.tensor(1.0 - lr * weight_decay, dtype=torch.bfloat16))
+
+
+def _decay_factor_bf16(x: torch.Tensor, update: torch.Tensor, state: State, group: Group, scale: float) -> None:
+    """X (1 - lr wd) with the factor rounded to bf16, whatever the parameter's dtype: at lr 0.02 and wd 0.01 it is
+    1.0 and decay vanishes; at wd 0.1 it is 0.99609375 and decay nearly doubles."""
+    x.mul_(_bf16_factor(group["lr"], group["weight_decay"]))
+    x.add_(update, alpha=-group["lr"] * scale)
+
+
+def _decay_factor_rounds(case: Case) -> bool:
+    decay = 1.0 - case.lr * case.weight_decay
+    return case.weight_decay > 0 and _bf16_factor(case.lr, case.weight_decay) != decay
+
+
 # --- direction: momentum -------------------------------------------------------------------------
 
 def _momentum_bf16(grad: torch.Tensor, state: State, group: Group) -> torch.Tensor:
@@ -345,6 +362,10 @@ CATALOG: tuple[Defect, ...] = (
     Defect("wd-adjusted-lr", _stage("wd-adjusted-lr", "apply", _decay_adjusted_lr), "weight-decay",
            lambda c: _decayed(c) and c.adjust_lr != "none",
            "decay with the adjusted lr (dtensor-muon's convention) under a declared base-lr convention"),
+    Defect("wd-factor-bf16", _stage("wd-factor-bf16", "apply", _decay_factor_bf16), "weight-decay",
+           _decay_factor_rounds,
+           "issue 26: a decay factor built in bf16 (CPU torch._foreach_mul_ rounds its scalar to a bf16 tensor's "
+           "dtype, optimizers/algorithms/base.py FOREACH_DTYPES); at lr 0.02, wd 0.01 decay vanishes"),
     Defect("momentum-bf16", _stage("momentum-bf16", "direction", _momentum_bf16), "momentum",
            lambda c: c.param_dtype != "bf16" and not algorithm(c).selects,  # Dion2 keeps no momentum_buffer
            "NorDion2 review (microsoft/dion#82): state EMAs kept in bf16; torch's bf16 buffer aliasing",

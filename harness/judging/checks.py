@@ -78,10 +78,10 @@ def selection_ill_posed(case: Case, target: Target, inputs: Inputs, traj: Trajec
 
 def gap_or_tie(name: str, gap: tolerance.NoEntry, case: Case, target: Target, inputs: Inputs,
                traj: Trajectory) -> Outcome:
-    """A check whose policy key has no entry: `skipped` where the run's selection is a tie
-    (selection_ill_posed: no tolerance could judge it, and the measurement leaves such runs out, so a
-    key reached only by ties has no entry), else `unsupported` for the gap."""
-    why = selection_ill_posed(case, target, inputs, traj)
+    """A check whose policy key has no entry: `skipped` where no tolerance could judge the run (its
+    selection is a tie, selection_ill_posed, or tolerance.unmeasurable_why: the measurement leaves such
+    runs out, so a key reached only by them has no entry), else `unsupported` for the gap."""
+    why = gap.ill_posed or selection_ill_posed(case, target, inputs, traj)
     if why:
         return Outcome(name, NO_METRICS, None, f"{why} (and {gap})", skipped=True)
     return Outcome(name, NO_METRICS, None, str(gap), unsupported=True)

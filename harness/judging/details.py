@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.judging.checks import Evidence
+from harness.judging.outcome import Evidence
 from oracles import singular_values
 from reports import Record, worst_first
 

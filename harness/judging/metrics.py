@@ -6,7 +6,8 @@ parameter: parameters dwarf updates and would hide update errors.
   err      = delta_target - delta_ref
   max_abs  = max |err|
   rel_err  = ||err||_F / ||delta_ref||_F          (0 if both are 0, inf if only delta_ref is)
-  max_ulp  = max |x_target - x_ref| / ulp_param(x_ref)
+  max_ulp  = max |x_target - x_ref| / ulp_param(x_ref)   (inf where the count passes float64's range:
+                                                        near 0, fp64's ulp is 2^-1074)
   allowed  = rtol ||delta_ref||_F + storage_ulps ||ulp_param(x_ref)||_F
   ratio    = ||err||_F / allowed                  (pass iff ratio <= 1)
 
@@ -38,6 +39,15 @@ class Metrics:
         return math.inf if math.isnan(self.ratio) else self.ratio
 
 
+def _ulps(distance: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+    """distance / spacing for a power-of-two `spacing`, exactly (an exponent shift), and inf where the
+    quotient passes float64's range: a plain division would overflow there, with a warning."""
+    mantissa, exponent = np.frexp(distance)
+    shift = exponent - (np.frexp(spacing)[1] - 1)
+    beyond = (shift > np.finfo(np.float64).maxexp) & (mantissa != 0)  # mantissa < 1: 2^maxexp times it fits
+    return np.where(beyond, np.inf, np.ldexp(mantissa, np.minimum(shift, np.finfo(np.float64).maxexp)))
+
+
 def _safe_div(num: float, den: float) -> float:
     if den > 0.0:
         return num / den
@@ -59,6 +69,6 @@ def compare_step(x_prev: np.ndarray, x_new: np.ndarray, x_ref: np.ndarray, param
     allowed = rtol * ref_norm + storage_ulps * float(np.linalg.norm(spacing))
     return Metrics(max_abs=float(np.max(np.abs(err), initial=0.0)),
                    rel_err=_safe_div(err_norm, ref_norm),
-                   max_ulp=float(np.max(np.abs(x_new - x_ref) / spacing, initial=0.0)),
+                   max_ulp=float(np.max(_ulps(np.abs(x_new - x_ref), spacing), initial=0.0)),
                    allowed=allowed,
                    ratio=_safe_div(err_norm, allowed))

@@ -5,9 +5,8 @@ With bf16 in a case, the normwise error of the update is rounding of the orthogo
 matrix, a few percent to a tenth of the update, so `reference` cannot see a defect that
 changes the update by a percent or less, however systematic. Each statistic below is a
 signed average over every step and member (rounding has no preferred sign and averages
-out; a defect has one sign everywhere), judged against the measured noise of a correct
-bf16 implementation (ours; harness/bf16_noise.json, `benchmarks/measure_bf16_noise.py`),
-except `probe`, an exact relation:
+out; a defect has one sign everywhere), judged against the measured noise of correct bf16
+implementations (harness/policy/noise.py), except `probe` and `rescale`, exact relations:
 
   norm      mean of <err, dref> / ||dref||^2: the update's size along the correct update
             (an lr-scale formula, a coefficient, decay after the update)
@@ -39,25 +38,19 @@ except `probe`, an exact relation:
             DRIFT_FACTOR x longer run with the case's first gradients every step; the growth of the
             accumulated displacement's relative error from the first eighth of the steps to the end
             (a bf16 momentum buffer stagnates: state accumulated wrong), against the worst growth of
-            correct bf16 implementations per layer (harness/bf16_drift_noise.json,
-            `benchmarks/measure_bf16_drift_noise.py`)
+            correct bf16 implementations per layer (harness/policy/noise.py)
 
 err = dX - dref with dX the target's step and dref the FP64 reference step from the same
 previous parameter (harness.judging.checks.reference_steps). They apply where bf16 is involved
 (param or declared compute dtype) and gradients of full rank (not rankdef or zero: their bf16
-reference is ill-posed). Tolerance = NOISE_MARGIN x the worst
-|statistic| ours showed in the measurement (CI layers), per noise key (algorithm, dtypes, orthogonalizer
-and the schedule the target declares for it, gradient kind; noise_key). A peer's schedule is measured on
-ours running its coefficients (benchmarks/measure_bf16_noise.py --schedules), never on the peer.
+reference is ill-posed). Tolerance: the allowance of the worst |statistic| the calibration panel showed,
+per noise key (harness/policy/noise.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -67,17 +60,15 @@ from harness.algorithms import algorithm
 from harness.judging import checks as base
 from harness.judging.metrics import Metrics, compare_step
 from harness.judging.outcome import NO_METRICS, Outcome, Trajectory, describe, worst_of
-from harness.policy import tolerance
+from harness.policy import keys, noise, tolerance
 from harness.policy.bounds import RELATION_ULPS, STORAGE_ULPS, Tolerance, storage_relation
 from harness.policy.ill_posed import NOISE_CEILING
+from harness.policy.noise import Noise
 from harness.running.inputs import Inputs, f64
 from harness.targets.base import Target
-from oracles import Conventions, Orthogonalizer, lr_scale, matrix_view
+from oracles import Conventions, lr_scale, matrix_view
 from oracles.rounding import round_to, ulp
 
-NOISE_FILE = Path(__file__).parents[1] / "policy" / "data" / "bf16_noise.json"
-NOISE_MARGIN = 3.0
-"""Tolerance = this x the worst measured |statistic| of a correct bf16 implementation."""
 PROBE_WEIGHT_DECAY = 10.0
 """lr x wd = 0.2: decay after the update changes a step by a fifth of its update."""
 RESCALE_GRADIENTS = ("gaussian", "lowrank", "huge")
@@ -90,7 +81,6 @@ STATISTIC_CHECKS = {"norm": ("norm", "decay"), "spectrum": ("sv_mean", "sv_sprea
                     "drift": ("drift",)}
 """The robust checks judging statistics (all but probe and rescale), with the statistics each judges; an
 algorithm names its own beyond norm and drift (harness/algorithms: `robust_checks`)."""
-DRIFT_FILE = Path(__file__).parents[1] / "policy" / "data" / "bf16_drift_noise.json"
 DRIFT_MIN_STEPS = 8
 """`drift` judges the cases of at least this many steps (none in the CI tier: its 128-step trajectory costs
 ~1-3 s a case on CPU; the selftest's own long cases, harness.apps.selftest.DRIFT_CASES)."""
@@ -126,49 +116,7 @@ def applies(case: Case, compute_dtype: str) -> bool:
     """Whether the robust checks judge `case` run in `compute_dtype`: bf16 involved, a judged gradient
     kind, one process, and a layer and algorithm whose noise was measured."""
     return ("bf16" in (case.param_dtype, compute_dtype) and case.grad in GRADIENTS and case.layout == "single"
-            and case.layer in _noise_data()["layers"] and case.optimizer in _measured_algorithms())
-
-
-def _measured_algorithms() -> set[str]:
-    return {key.split("/", 1)[0] for key in _noise()}
-
-
-EPS_GRADIENTS = ("tiny",)
-"""Gradient kinds whose noise depends on the declared normaliser's eps: at 1e-10 gradients eps dominates
-s ||U|| + eps, so it sets where the polynomial starts (a 1 x 16 tiny direction: sigma 0.04 under eps 1e-8,
-0.004 under ours' 1e-7) and how much it amplifies the bf16 rounding. Elsewhere eps is ~1e-8 of ||U||."""
-
-
-def noise_schedule(case: Case, declared: Orthogonalizer | None) -> str:
-    """The declared schedule's part of a noise key, after the case's orthogonalizer: "" where the target runs
-    the coefficients (and iteration) ours runs for that orthogonalizer, else ":" and the schedule's name as
-    the tolerance policy names it (tolerance.schedule_name: "you", "pe102", ...; ours' option name for one of
-    ours run on another orthogonalizer's cases, e.g. Keller Jordan's quintic in the Gram iteration), after
-    the declared iteration where it is not the case's ("gram-")."""
-    if declared is None or declared.kind != "polynomial":
-        return ""
-    own = Orthogonalizer.named(case.orthogonalizer)
-    if tuple(declared.schedule) == tuple(own.schedule) and declared.iteration == own.iteration:
-        return ""
-    name = tolerance.schedule_name(declared) or next(
-        n for n, (coefficients, _) in tolerance.OWN_SCHEDULES.items() if tuple(coefficients) == tuple(declared.schedule))
-    iteration = "" if declared.iteration == own.iteration else f"{declared.iteration}-"
-    return f":{iteration}{name}"
-
-
-def noise_key(case: Case, compute_dtype: str, optimizer: str | None = None,
-              declared: Orthogonalizer | None = None) -> str:
-    """The noise key of `case` run in `compute_dtype` (as `optimizer`, default the case's own) by a target
-    declaring orthogonalizer `declared` (default ours'): algorithm, dtypes, the case's orthogonalizer and the
-    declared schedule (noise_schedule), gradient kind, and for EPS_GRADIENTS the declared eps where it is not
-    ours' ("tiny:eps1e-08"). The noise is that of the schedule the target runs, as the tolerance policy's
-    keys: You's quintics on a rank-1 bf16 step move the norm statistic ~3x as far as Keller Jordan's."""
-    grad = case.grad
-    if declared is not None and declared.kind == "polynomial" and case.grad in EPS_GRADIENTS:
-        eps = declared.normaliser.eps
-        grad += "" if eps == Orthogonalizer.named(case.orthogonalizer).normaliser.eps else f":eps{eps:g}"
-    return (f"{optimizer or case.optimizer}/{case.param_dtype}@{compute_dtype}/{case.orthogonalizer}"
-            f"{noise_schedule(case, declared)}/{grad}")
+            and noise.covers(case))
 
 
 def orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Conventions) -> np.ndarray:
@@ -409,63 +357,31 @@ def rescale_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) 
                                                  + describe(metrics, where, tol), run=other)
 
 
-@functools.cache
-def _noise_data() -> dict:
-    """The measurement (benchmarks/measure_bf16_noise.py): "layers" measured, and per noise key the
-    "worst" |value| of every statistic on ours."""
-    return json.loads(NOISE_FILE.read_text())
-
-
-def _noise() -> dict[str, dict[str, float]]:
-    return _noise_data()["worst"]
-
-
-def measured_noise(case: Case, compute_dtype: str, declared: Orthogonalizer | None = None
-                   ) -> dict[str, float] | None:
-    """The measured worst |statistic| of ours for `case` run in `compute_dtype` (None if unmeasured),
-    at least that of the algorithm whose every step it can take (harness.algorithms `includes`: Dion2
-    with fraction 1 is Muon), as the tolerance policy does: a correct Dion2 step can be a Muon step.
-    Measured: `dion2-f0.25/conv2d-8x4x3x3/mb3/flat/bf16@fp32/svd/.../huge/seed1` showed norm 0.00685
-    where Dion2's own key had met 0.00215 and Muon's 0.0184."""
-    own = _noise().get(noise_key(case, compute_dtype, declared=declared))
-    inner = algorithm(case).includes
-    other = _noise().get(noise_key(case, compute_dtype, inner, declared)) if inner else None
-    if own is None or other is None:
-        return own
-    return {stat: max(value, other.get(stat, 0.0)) for stat, value in own.items()}
-
-
-def judge(name: str, case: Case, compute_dtype: str, values: dict[str, float],
-          declared: Orthogonalizer | None = None,
-          noise: tuple[str, dict[str, float] | None, str, str] | None = None) -> Outcome:
-    """Outcome of robust check `name` from its statistics: the worst |value| / tolerance, under the bf16
-    noise of the orthogonalizer the target declares (`declared`, default ours'). `noise` (key, measured
-    worst per statistic or None, file name, whose runs were measured) replaces that noise key."""
-    key, measured, file_name, measured_on = noise or (noise_key(case, compute_dtype, declared=declared),
-                                                      measured_noise(case, compute_dtype, declared),
-                                                      NOISE_FILE.name, "ours")
+def judge(name: str, values: dict[str, float], measured: Noise | None, key: object) -> Outcome:
+    """Outcome of robust check `name` from its statistics: the worst |value| / allowance under the `measured`
+    noise of `key` (None: unmeasured, not judged)."""
     if measured is None:
         return Outcome(name, NO_METRICS, None, f"no measured bf16 noise for {key}: not judged", skipped=True)
-    unmeasured = sorted(set(values) - set(measured))
+    unmeasured = sorted(set(values) - set(measured.worst))
     if unmeasured:
         return Outcome(name, NO_METRICS, None, f"no measured bf16 noise of {unmeasured} for {key}: "
                                                          f"not judged", skipped=True)
-    blind = {stat: NOISE_MARGIN * measured[stat] for stat in values if NOISE_MARGIN * measured[stat] >= NOISE_CEILING}
+    blind = {stat: measured.allowed(stat) for stat in values if measured.allowed(stat) >= NOISE_CEILING}
     if len(blind) == len(values):
         return Outcome(name, NO_METRICS, None, (
-            f"not judged: ours' own bf16 noise on {key} allows " + ", ".join(f"{s} {t:.3g}" for s, t in blind.items())
+            f"not judged: the panel's own bf16 noise on {key} allows "
+            + ", ".join(f"{s} {t:.3g}" for s, t in blind.items())
             + f", at or above {NOISE_CEILING:g}: a correct run there is as far off as a wrong one"), skipped=True)
     values = {stat: value for stat, value in values.items() if stat not in blind}
     ratios = {}
     for stat, value in values.items():
-        tol = NOISE_MARGIN * measured[stat]
+        tol = measured.allowed(stat)
         ratios[stat] = abs(value) / tol if tol > 0 else (0.0 if value == 0 else math.inf)
     if any(math.isnan(v) for v in values.values()):
         ratios = {s: math.inf for s in values}
     worst = max(ratios, key=ratios.get)
-    tol_value = NOISE_MARGIN * measured[worst]
-    source = (f"bf16 noise {key}: {NOISE_MARGIN:g} x worst |{worst}| of {measured_on} in the measurement "
-              f"({measured[worst]:.3g}; {file_name})")
+    tol_value = measured.allowed(worst)
+    source = measured.source(worst)
     message = f"worst {worst}: " + ", ".join(f"{s} {values[s]:+.3g} ({ratios[s]:.2g} x allowed)" for s in values)
     metrics = Metrics(max_abs=math.nan, rel_err=abs(values[worst]), max_ulp=math.nan, allowed=tol_value,
                       ratio=ratios[worst])
@@ -485,12 +401,6 @@ def drift_applies(case: Case) -> bool:
     on muon bf16@bf16 Polar Express linear_tall grew from 0.021 over the first eighth to 0.066), at least
     DRIFT_MIN_STEPS steps."""
     return algorithm(case).drift and case.param_dtype != "bf16" and case.steps >= DRIFT_MIN_STEPS
-
-
-def drift_key(case: Case, compute_dtype: str) -> str:
-    """The drift noise key: the bf16 noise key with the layer and its matrix view (the noise of a correct
-    run depends on the matrix shape: maxima over every shape would be the 1 x n layer's)."""
-    return f"{noise_key(case, compute_dtype)}/{case.layer}/{'flat' if case.flatten else 'noflat'}"
 
 
 def drift_stream(case: Case, inputs: Inputs) -> tuple[Case, Inputs]:
@@ -533,32 +443,17 @@ def drift_statistics(case: Case, target: Target, inputs: Inputs) -> dict[str, fl
     return {"drift": level - early, "drift_level": level, "drift_early": early}
 
 
-@functools.cache
-def _drift_data() -> dict:
-    """The measurement (benchmarks/measure_bf16_drift_noise.py): per drift key the "worst" |drift| of the
-    correct implementations measured."""
-    return json.loads(DRIFT_FILE.read_text())
-
-
-def drift_noise(case: Case, compute_dtype: str) -> dict[str, float] | None:
-    """The measured worst |drift| for `case` run in `compute_dtype` (None if unmeasured)."""
-    return _drift_data()["worst"].get(drift_key(case, compute_dtype))
-
-
 def drift_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """The growth of the accumulated error over a DRIFT_FACTOR x longer trajectory under a persistent
-    gradient (the case's first gradients every step; drift_statistics) against NOISE_MARGIN x the worst
-    growth measured on correct bf16 implementations for its drift key (ours, a plain op-by-op loop,
-    torch.optim.Muon where it runs the case). A constant gradient makes momentum and a state defect's
+    gradient (the case's first gradients every step; drift_statistics) against the allowance of the worst
+    growth the calibration panel showed for its drift key (harness/policy/noise.py). A constant gradient makes momentum and a state defect's
     error coherent across the steps: a momentum buffer held in bf16 stagnates once mu's decrement falls
     below half an ulp of the buffer (after ~63 steps at mu 0.95), an entry-dependent error that grows
     where a correct fp32 buffer's does not."""
     compute = target.conventions(case).compute_dtype
-    key = drift_key(case, compute)
     got = drift_statistics(case, target, inputs)
-    correct = ", ".join(_drift_data().get("correct", ["ours"]))
-    out = judge("drift", case, compute, {"drift": got["drift"]},
-                noise=(key, drift_noise(case, compute), DRIFT_FILE.name, f"correct bf16 runs ({correct})"))
+    out = judge("drift", {"drift": got["drift"]}, noise.of_drift(case, compute, DRIFT_FACTOR),
+                keys.drift_key(case, compute))
     return dataclasses.replace(out, message=f"{out.message}; accumulated error {got['drift_level']:.3g} of the "
                                             f"{DRIFT_FACTOR * case.steps}-step displacement, "
                                             f"{got['drift_early']:.3g} over its first eighth")
@@ -567,7 +462,7 @@ def drift_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) ->
 def norm_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     got = statistics(case, target, inputs, traj, spectrum=False)
     conv = target.conventions(case)
-    return judge("norm", case, conv.compute_dtype, {k: got[k] for k in ("norm", "decay")}, conv.orthogonalizer)
+    return _judge_noise("norm", case, conv, {k: got[k] for k in ("norm", "decay")})
 
 
 def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
@@ -577,8 +472,7 @@ def spectrum_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory)
                                                                "robust_checks.SV_RESOLVED): no spectrum to judge",
                             skipped=True)
     conv = target.conventions(case)
-    return judge("spectrum", case, conv.compute_dtype, {k: got[k] for k in ("sv_mean", "sv_spread")},
-                 conv.orthogonalizer)
+    return _judge_noise("spectrum", case, conv, {k: got[k] for k in ("sv_mean", "sv_spread")})
 
 
 def rows_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
@@ -587,4 +481,10 @@ def rows_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> 
         return Outcome("rows", NO_METRICS, None, "fewer than two nonzero rows per matrix: no row "
                                                            "profile to judge", skipped=True)
     conv = target.conventions(case)
-    return judge("rows", case, conv.compute_dtype, {"row_spread": got["row_spread"]}, conv.orthogonalizer)
+    return _judge_noise("rows", case, conv, {"row_spread": got["row_spread"]})
+
+
+def _judge_noise(name: str, case: Case, conv: Conventions, values: dict[str, float]) -> Outcome:
+    """`judge` under the bf16 noise of the compute dtype and orthogonalizer the target declares."""
+    return judge(name, values, noise.of_case(case, conv.compute_dtype, conv.orthogonalizer),
+                 keys.noise_key(case, conv.compute_dtype, declared=conv.orthogonalizer))

@@ -131,6 +131,8 @@ def of_matrices(mats: np.ndarray | Sequence[np.ndarray], spec: Orthogonalizer) -
     squares add up; `shape` is the largest stack's)."""
     stacks = [np.asarray(mats, np.float64)] if isinstance(mats, np.ndarray) else \
         [np.asarray(m, np.float64) for m in mats if np.size(m)]
+    if not stacks:  # nothing orthogonalized (an elementwise algorithm): no amplification
+        return Sensitivity(0.0, 1.0)
     err_sq = ref_sq = 0.0
     notes, condition = [], 1.0
     for stack in stacks:

@@ -16,12 +16,10 @@ Spawned pools (`RankPool`, one per (backend, world size), via `pools()`):
     happened: it raised (its traceback), died (its exit code or signal, e.g. SIGSEGV, and the
     end of its log), hung past the timeout, or was still waiting GRACE s after another rank
     failed (its stacks);
-  - a rank's stdout and stderr go to its log, and faulthandler writes the Python stacks of a
-    fatal signal (SIGSEGV, SIGABRT, ...) there, so a crashed rank leaves its last output;
-  - ranks die with the harness: Linux's parent-death signal (prctl PR_SET_PDEATHSIG, SIGKILL;
-    it fires when the *thread* that spawned the rank ends, so pools belong to long-lived
-    threads, as the harness's main thread) and, elsewhere too, a watchdog thread that exits
-    the rank once its parent pid changes;
+  - a rank is a helper process (harness/running/processes.py): its stdout and stderr go to its
+    log, where faulthandler writes the Python stacks of a fatal signal (SIGSEGV, SIGABRT, ...),
+    so a crashed rank leaves its last output; it dies with the harness (parent-death signal and
+    watchdog) and ignores SIGINT and SIGTERM sent to the process group, which are the harness's;
     a task interrupted in the parent (SIGINT, SIGTERM turned into an exception by the CLI)
     closes its pool, which kills the ranks and removes the temporary directory.
 
@@ -35,18 +33,12 @@ cannot be rebuilt from inside.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import datetime
-import faulthandler
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import shutil
-import signal
-import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -58,6 +50,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from harness.running.processes import become_helper, how_it_ended, log_tail, recv, send, stacks
+
 DEFAULT_TIMEOUT = 120.0
 """Seconds a task may run on a pool before it counts as hung (`run --timeout` overrides it)."""
 TORCHRUN_TIMEOUT = 600.0
@@ -66,12 +60,6 @@ STARTUP_TIMEOUT = 180.0
 """Seconds a new pool's ranks may take to import torch and rendezvous (2 cores, 4 ranks: ~10)."""
 GRACE = 3.0
 """Seconds the other ranks get to finish once one rank has failed."""
-WATCHDOG_SECONDS = 0.5
-"""How often a rank's watchdog thread checks that its parent is still there."""
-LOG_TAIL_LINES = 60
-"""Lines of a failed rank's log quoted in its failure (a hung rank's stack dump comes whole)."""
-_PR_SET_PDEATHSIG = 1
-"""prctl option: the signal the kernel sends this process when its parent thread exits (<linux/prctl.h>)."""
 
 
 @dataclass
@@ -114,54 +102,11 @@ def _device(backend: str, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _send(conn: multiprocessing.connection.Connection, obj: Any) -> None:
-    conn.send_bytes(pickle.dumps(obj))
-
-
-def _recv(conn: multiprocessing.connection.Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
-def _die_with_parent(parent: int) -> None:
-    """End this rank when `parent` (the harness) goes: SIGKILL from the kernel on Linux, and a
-    watchdog thread that exits once the rank is re-parented (any platform, and the case where
-    the parent died before prctl took effect)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    watch_parent(parent)
-
-
-def watch_parent(parent: int) -> None:
-    """Exit this process (status 1) from a daemon thread as soon as its parent is no longer `parent`."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(WATCHDOG_SECONDS)
-        os._exit(1)
-
-    if os.getppid() != parent:
-        os._exit(1)
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
-def _log_to(log_path: str) -> None:
-    """Send this process's stdout and stderr (file descriptors 1 and 2) to `log_path`, line-buffered,
-    with faulthandler writing there on a fatal signal and, on SIGUSR1, every thread's stack."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-
-
 def _rank_main(rank: int, world_size: int, backend: str, store_path: str, log_path: str,
                conn: multiprocessing.connection.Connection, timeout: float, parent: int) -> None:
-    """A pooled rank: rendezvous, then run tasks until told to stop (None) or the pipe closes."""
-    _die_with_parent(parent)
-    _log_to(log_path)
+    """A pooled rank (a helper: harness.running.processes): rendezvous, then run tasks until told to
+    stop (None) or the pipe closes."""
+    become_helper(parent, log_path)
     torch.set_num_threads(1)
     try:
         device = _device(backend, rank)
@@ -170,13 +115,13 @@ def _rank_main(rank: int, world_size: int, backend: str, store_path: str, log_pa
                                 timeout=datetime.timedelta(seconds=timeout))
         ctx = RankContext(rank, world_size, device, dist.group.WORLD,
                           DeviceMesh.from_group(dist.group.WORLD, device.type))
-        _send(conn, ("ok", None))
+        send(conn, ("ok", None))
     except BaseException:
-        _send(conn, ("error", traceback.format_exc()))
+        send(conn, ("error", traceback.format_exc()))
         return
     while True:
         try:
-            task = _recv(conn)
+            task = recv(conn)
         except EOFError:
             break
         if task is None:
@@ -186,7 +131,7 @@ def _rank_main(rank: int, world_size: int, backend: str, store_path: str, log_pa
             reply = ("ok", fn(ctx, *args))
         except BaseException:
             reply = ("error", traceback.format_exc())
-        _send(conn, reply)
+        send(conn, reply)
     dist.destroy_process_group()
 
 
@@ -220,15 +165,6 @@ class RankPool:
     def _log(self, rank: int) -> Path:
         return self._dir / f"rank{rank}.log"
 
-    def _log_text(self, rank: int) -> str:
-        """The last LOG_TAIL_LINES lines of the rank's log."""
-        path = self._log(rank)
-        if not path.exists():
-            return "(no log: the rank died before it started)"
-        lines = path.read_text(errors="replace").splitlines()
-        cut = f"(... {len(lines) - LOG_TAIL_LINES} earlier lines)\n" if len(lines) > LOG_TAIL_LINES else ""
-        return cut + ("\n".join(lines[-LOG_TAIL_LINES:]) or "(empty log)")
-
     @property
     def alive(self) -> bool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
@@ -243,7 +179,7 @@ class RankPool:
         exception such as KeyboardInterrupt, re-raised), the pool is closed (see module doc)."""
         try:
             for conn in self._conns:
-                _send(conn, (fn, args))
+                send(conn, (fn, args))
             result = self._collect(timeout)
         except BaseException:
             self.close()
@@ -269,7 +205,7 @@ class RankPool:
                     continue
                 conn, proc = self._conns[rank], self._procs[rank]
                 try:
-                    kind, value = _recv(conn) if conn.poll() else ("silent", None)
+                    kind, value = recv(conn) if conn.poll() else ("silent", None)
                 except EOFError:
                     kind, value = "closed", None
                 if kind == "ok":
@@ -300,33 +236,17 @@ class RankPool:
 
     def _death(self, rank: int, exitcode: int | None) -> str:
         """What a rank that exited without a reply left: its exit code or signal and its last output."""
-        how = f"(exit code {exitcode})"
-        if exitcode is not None and exitcode < 0:
-            try:
-                how = f"with signal {signal.Signals(-exitcode).name} (exit code {exitcode})"
-            except ValueError:
-                pass
-        return f"rank {rank} died {how} without a reply; its last output:\n{self._log_text(rank)}"
+        return f"rank {rank} died {how_it_ended(exitcode)} without a reply; its last output:\n{log_tail(self._log(rank))}"
 
     def _stacks(self, rank: int) -> str:
-        """The stacks of a rank that did not answer (faulthandler's dump on SIGUSR1), after the
-        tail of what it wrote before."""
-        proc, path = self._procs[rank], self._log(rank)
-        before = self._log_text(rank)
-        start = path.stat().st_size if path.exists() else 0
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGUSR1)
-            time.sleep(0.5)
-        with open(path, errors="replace") as log:
-            log.seek(start)
-            dump = log.read()
-        return f"{before}\n{dump.rstrip()}" if dump else before
+        """The tail of what a rank that did not answer wrote, then its stacks."""
+        return stacks(self._procs[rank], self._log(rank))
 
     def close(self) -> None:
         """Stop every rank (politely, then by force, 2 s in all) and remove the rendezvous directory."""
         for conn in self._conns:
             try:
-                _send(conn, None)
+                send(conn, None)
             except OSError:
                 pass
         deadline = time.monotonic() + 2.0

@@ -14,6 +14,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from cases import Case
 from cases.layouts import regions, shard_dim
+from harness.running.guard import kept_torch_state
 from harness.running.inputs import make_inputs
 from harness.running.pool import RankContext
 from harness.targets import load_target
@@ -76,3 +77,11 @@ def rank_trajectory(ctx: RankContext, case_id: str, target_spec: str) -> Traject
     trajectory = step_through(lambda params, case: maker(params, case, mesh), inputs.params, inputs.grads, case,
                               lambda full: _place(full, case, ctx))
     return [[piece.to("cpu") for piece in step] for step in trajectory]
+
+
+def rank_case(ctx: RankContext, case_id: str, target_spec: str) -> tuple[Trajectory, list[str]]:
+    """`rank_trajectory` with torch's global settings and RNG states restored afterwards (ranks run case
+    after case): the trajectory, and the settings the target changed on this rank (harness/running/guard.py)."""
+    with kept_torch_state() as changed:
+        trajectory = rank_trajectory(ctx, case_id, target_spec)
+    return trajectory, changed

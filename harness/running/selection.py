@@ -1,21 +1,75 @@
-"""Choosing the cases of a run: a tier, narrowed by --select."""
+"""Choosing the cases of a run: a target's own tier, narrowed by --select.
+
+A target is judged on its own tier (`target_tier`): the global tier's cases it supports, then a covering
+array of the tier's full axis space restricted to what it supports (cases/space.py), so that every value and
+every pair of values it accepts is judged, however narrow it is. A target that supports every case gets
+the global tier itself. Which cases a target supports is what its adapter answers
+(harness.targets.base.why_unsupported: `unsupported(case)`, and a distributed or tensor-parallel layout
+only where it has those methods), asked of the global tier's cases and of cases drawn from the space.
+"""
 
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from cases import Case, tier
+from cases import Case, space, tier
+from harness.targets.base import Target, distributed_maker, why_unsupported
+
+
+@dataclass(frozen=True)
+class TargetTier:
+    """A target's tier: `cases` (in order: the global tier's it supports, then the rows it adds), how many
+    of the global tier's cases it does not support (`unsupported`) and why (`reasons`: each reason with the
+    count of the global tier's cases it was given for), and `values`: per case axis, the values some case
+    it supports takes."""
+
+    name: str
+    cases: tuple[Case, ...]
+    unsupported: int
+    reasons: Counter
+    values: dict[str, frozenset]
+
+
+def target_tier(tier_name: str, target: Target) -> TargetTier:
+    """The tier `tier_name` of `target` (module docstring). Its distributed part is drawn only for a target
+    with a distributed adapter (`make_distributed`)."""
+    every = tier(tier_name)
+    known: dict[Case, str | None] = {c: why_unsupported(target, c) for c in every}
+
+    def supports(case: Case) -> str | None:
+        return known[case] if case in known else why_unsupported(target, case)
+
+    values: dict[str, set] = {}
+    rows: list[Case] = [c for c, why in known.items() if why is None]
+    if tier_name in space.SPACES:
+        for distributed in (False, True) if distributed_maker(target) is not None else (False,):
+            found = space.supported_covering(space.SPACES[tier_name], distributed, supports, every)
+            rows += found.rows
+            for axis, seen in found.values.items():
+                values.setdefault(axis, set()).update(seen)
+    order = {c: n for n, c in enumerate(every)}
+    ordered = sorted(dict.fromkeys(rows), key=lambda c: order.get(c, len(order)))
+    return TargetTier(tier_name, tuple(ordered), sum(why is not None for why in known.values()),
+                      Counter(why for why in known.values() if why is not None),
+                      {a: frozenset(v) for a, v in values.items()})
 
 
 def select(tier_name: str, patterns: list[str]) -> list[Case]:
-    """Cases of `tier_name` matching any of `patterns` (all if none), in tier order.
+    """Cases of the global tier `tier_name` matching any of `patterns` (all if none): `narrow`."""
+    return narrow(tier(tier_name), patterns)
 
-    A pattern that is a complete case id selects exactly that case, even outside the tier, so
+
+def narrow(cases: Iterable[Case], patterns: list[str]) -> list[Case]:
+    """`cases` matching any of `patterns` (all if none), in order.
+
+    A pattern that is a complete case id selects exactly that case, even outside `cases`, so
     every id in any report reproduces on its own (and "dion2-..." does not also select the
     "nordion2-..." case it is a substring of); any other pattern selects the ids containing it.
     """
-    cases = tier(tier_name)
+    cases = list(cases)
     if not patterns:
         return cases
     exact: dict[str, Case] = {}

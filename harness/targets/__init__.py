@@ -5,7 +5,11 @@ The callable takes no arguments and returns a `harness.targets.base.Target`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+
+import torch
 
 from harness.targets.base import OptimizerTarget, Target
 
@@ -44,11 +48,10 @@ class TargetError(ValueError):
 
 
 def load_target(spec: str) -> Target:
-    """Import and build the target named by `spec` (alias or MODULE:CALLABLE)."""
-    path = ALIASES.get(spec, spec)
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise TargetError(f"target {spec!r} is neither an alias {sorted(ALIASES)} nor MODULE:CALLABLE")
+    """Import and build the target named by `spec` (alias or MODULE:CALLABLE); TargetError, in one
+    line, for a spec that names no module or callable, a callable that needs arguments (an optimizer
+    class, say) or one that returns something other than a Target."""
+    module_name, attr = _parts(spec)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -56,10 +59,43 @@ def load_target(spec: str) -> Target:
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise TargetError(f"target {spec!r}: {module_name} has no callable {attr!r}")
+    needs = _required_arguments(factory)
+    if needs:
+        what = ("a torch.optim.Optimizer class" if inspect.isclass(factory) and issubclass(factory, torch.optim.Optimizer)
+                else "a class" if inspect.isclass(factory) else "a callable")
+        raise TargetError(f"target {spec!r}: the callable must return a harness Target, and {attr} is {what} that "
+                          f"needs {', '.join(needs)}; name a function that returns an adapter (OptimizerTarget)")
     built = factory()
     if not isinstance(built, Target):
-        raise TargetError(f"target {spec!r}: {attr}() returned {type(built).__name__}, not a harness Target")
+        raise TargetError(f"target {spec!r}: the callable must return a harness Target; {attr}() returned "
+                          f"{type(built).__name__}")
     return built
 
 
-__all__ = ["ALIASES", "DEFAULT", "OptimizerTarget", "Target", "TargetError", "load_target"]
+def target_module(spec: str) -> str:
+    """The module a target spec (alias or MODULE:CALLABLE) names; TargetError as `load_target`."""
+    return _parts(spec)[0]
+
+
+def _parts(spec: str) -> tuple[str, str]:
+    """(module, callable) of an alias or MODULE:CALLABLE; for anything else a TargetError that names
+    the nearest alias, if one is near."""
+    module_name, sep, attr = ALIASES.get(spec, spec).partition(":")
+    if not sep or not module_name or not attr:
+        near = difflib.get_close_matches(spec, ALIASES, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f" (the {len(ALIASES)} aliases: harness.targets.ALIASES)"
+        raise TargetError(f"target {spec!r} is neither an alias nor MODULE:CALLABLE{hint}")
+    return module_name, attr
+
+
+def _required_arguments(factory: object) -> list[str]:
+    """The parameters a call of `factory` with no arguments would lack (none where its signature is
+    not introspectable)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+__all__ = ["ALIASES", "DEFAULT", "OptimizerTarget", "Target", "TargetError", "load_target", "target_module"]

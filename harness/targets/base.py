@@ -15,6 +15,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from cases import Case
+from harness.targets.identity import module_identity
 from oracles import Conventions
 
 
@@ -31,8 +32,11 @@ class Target(ABC):
     exact_relations: bool = False
 
     def version(self) -> str:
-        """Version string of the implementation (shown in reports)."""
-        return torch.__version__
+        """What is known of the implementation's version, shown in reports: by default the identity of the
+        module that defines this class (its installed distribution and version, its git commit and whether
+        the checkout is dirty; harness/targets/identity.py). An adapter of someone else's optimizer
+        overrides it to name that optimizer's version."""
+        return module_identity(type(self).__module__).describe()
 
     @abstractmethod
     def conventions(self, case: Case) -> Conventions:

@@ -1,7 +1,8 @@
-"""Our optimizer with a GPU fast path switched on, so that the harness judges the fast path itself against
-the FP64 oracle (issue 13): `ours-triton` (optimizers.symmetric.TRITON and optimizers.elementwise.TRITON: the
-Triton kernel for the symmetric products, and the fused momentum and apply kernels on fp32 parameters) and `ours-graphs` (Muon(cuda_graphs=True): the small megabatches' orthogonalizations captured once per
-plan, in one graph on parallel streams, and replayed).
+"""Our optimizer with a GPU fast path demanded, so that the harness judges the fast path itself against
+the FP64 oracle (issue 13): `ours-triton` (Muon(fused=True): the Triton kernel for the symmetric products, and
+the fused momentum, normaliser and apply kernels on fp32 parameters) and `ours-graphs` (Muon(cuda_graphs=True):
+the small megabatches' orthogonalizations captured once per plan, in one graph on parallel streams, and
+replayed).
 
 Each declares ours' conventions and answers `unsupported` for every case its fast path cannot engage, with
 the reason, so that every pass is a judged run of the fast path, never ours' eager path passing under
@@ -9,8 +10,9 @@ another name:
 
   ours-triton  CUDA with triton installed, one process, a polynomial orthogonalizer (not SVD), bf16 compute
                (Gram Newton-Schulz then iterates in fp16: both kernel dtypes), and a matrix whose short side
-               reaches symmetric.TRITON_ROWS (2048): the GPU tier's bf16 cases (`--tier gpu`).
-  ours-graphs  CUDA, one process, Muon or NorMuon, an orthogonalizer graphs.CAPTURED takes, a megabatch
+               reaches symmetric.TRITON_ROWS (2048), from which the default (fused=None) takes the kernel too:
+               the GPU tier's bf16 cases (`--tier gpu`).
+  ours-graphs  CUDA, one process, Muon or NorMuon, an orthogonalizer of algorithms.muon.CAPTURED, a megabatch
                of at most graphs.MAX_NUMEL elements, and 2 steps or more (a plan's first step is eager, its
                second captures and replays, later ones replay): the CI tier's multi-step cases and the GPU
                tier's.
@@ -22,14 +24,14 @@ another name:
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 
 import optimizers
 from cases import Case, matrix_shape
 from harness.targets.ours import OursMuon
-from optimizers import elementwise, graphs, symmetric
+from optimizers import graphs, kernels, symmetric
+from optimizers.algorithms.muon import CAPTURED
 
 
 def _cuda() -> str | None:
@@ -40,13 +42,12 @@ def _cuda() -> str | None:
 
 
 class OursTriton(OursMuon):
-    """optimizers.Muon with optimizers.symmetric.TRITON and optimizers.elementwise.TRITON on while it steps
-    (restored after)."""
+    """optimizers.Muon(fused=True)."""
 
     name = "ours-triton"
 
     def version(self) -> str:
-        return super().version() + ", symmetric.TRITON, elementwise.TRITON"
+        return super().version() + ", fused=True"
 
     def unsupported(self, case: Case) -> str | None:
         if case.world_size > 1:
@@ -57,20 +58,14 @@ class OursTriton(OursMuon):
         _, m, n = matrix_shape(case.shape, case.flatten)
         if min(m, n) < symmetric.TRITON_ROWS:
             return (f"its matrices ({m} x {n}) have a short side below symmetric.TRITON_ROWS = {symmetric.TRITON_ROWS}, "
-                    f"where the kernel never runs (the GPU tier's cases engage it)")
+                    f"the size from which the default takes the kernel (the GPU tier's cases engage it)")
         why = _cuda()
-        if why is None and symmetric.triton_kernel() is None:
+        if why is None and not kernels.available():
             why = "triton cannot be imported here (pip install triton)"
         return why
 
-    def run(self, params: Sequence[torch.Tensor], grads: Sequence[Sequence[torch.Tensor]],
-            case: Case) -> list[list[torch.Tensor]]:
-        before = symmetric.TRITON, elementwise.TRITON
-        symmetric.TRITON = elementwise.TRITON = True
-        try:
-            return super().run(params, grads, case)
-        finally:
-            symmetric.TRITON, elementwise.TRITON = before
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        return optimizers.Muon(params, **self.options(case), fused=True)
 
 
 class OursGraphs(OursMuon):
@@ -84,8 +79,8 @@ class OursGraphs(OursMuon):
     def unsupported(self, case: Case) -> str | None:
         if case.world_size > 1:
             return "CUDA graphs capture single-process megabatches only; distributed cases: ours"
-        if case.optimizer not in ("muon", "normuon") or case.orthogonalizer not in graphs.CAPTURED:
-            return (f"CUDA graphs capture Muon and NorMuon with {', '.join(graphs.CAPTURED)}; this case is "
+        if case.optimizer not in ("muon", "normuon") or case.orthogonalizer not in CAPTURED:
+            return (f"CUDA graphs capture Muon and NorMuon with {', '.join(CAPTURED)}; this case is "
                     f"{case.optimizer} with {case.orthogonalizer} (eager)")
         numel = case.megabatch * math.prod(case.shape)
         if numel > graphs.MAX_NUMEL:

@@ -34,12 +34,15 @@ class OursMuon(OptimizerTarget):
             compute_dtype=case.compute_dtype, state_dtype=case.param_dtype)
 
     def options(self, case: Case) -> dict:
-        """Muon keyword arguments for `case` (shared with the negative controls)."""
-        return dict(algorithm=case.optimizer, lr=case.lr, momentum=case.momentum,
-                    nesterov=case.nesterov, weight_decay=case.weight_decay, flatten=case.flatten,
+        """Muon keyword arguments for `case` (shared with the negative controls): the algorithm's own, and
+        for a matrix algorithm the matrix options."""
+        record = algorithm(case)
+        chosen = dict(algorithm=case.optimizer, lr=case.lr, weight_decay=case.weight_decay, **record.options(case))
+        if record.elementwise:
+            return chosen
+        return dict(chosen, momentum=case.momentum, nesterov=case.nesterov, flatten=case.flatten,
                     adjust_lr=None if case.adjust_lr == "none" else case.adjust_lr,
-                    orthogonalizer=case.orthogonalizer, compute_dtype=TORCH_DTYPES[case.compute_dtype],
-                    **algorithm(case).options(case))
+                    orthogonalizer=case.orthogonalizer, compute_dtype=TORCH_DTYPES[case.compute_dtype])
 
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
         return self.make_distributed(params, case, None)

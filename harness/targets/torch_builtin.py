@@ -53,5 +53,13 @@ class TorchMuon(OptimizerTarget):
                                 weight_decay=case.weight_decay, adjust_lr_fn=_ADJUST[case.adjust_lr][0])
 
 
+def bf16_buffer_finding(case: Case) -> str | None:
+    """Where torch.optim.Muon is not correct: it overwrites a bf16 momentum buffer in place without Nesterov
+    (README, Findings)."""
+    if case.param_dtype == "bf16" and not case.nesterov and case.steps > 1:
+        return "torch.optim.Muon overwrites a bf16 momentum buffer in place without Nesterov (README, Findings)"
+    return None
+
+
 def target() -> TorchMuon:
     return TorchMuon()

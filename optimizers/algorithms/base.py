@@ -11,13 +11,16 @@ the local shard of a DTensor, aliasing it, so in-place writes land in the DTenso
 
   per parameter     U = direction(G, state, group)                 local; may update state in place
   per megabatch     stack the U of same-shape parameters: [N, *shape] (this rank's pieces)
-    matrix update   on whole members [k, *shape], seen as matrices M [B, m, n] (optimizers.matrix_view):
+    matrix update   on whole members [k, *shape], seen as matrices M [B, m, n] (`view(group)`,
+                    optimizers.matrix_view.View):
                       S, expand = select(M, group)                  which slices are orthogonalized
                       O = expand(orthogonalize(S, group))           back to [B, m, n]
+                      (select None: S = M, every matrix whole, and expand is the identity)
                     single process: run on the stack itself; distributed:
                       exchange(pieces, layout, matrix_update) assembles each whole member on its
                       owner rank, runs the matrix update there, and returns this rank's pieces
-                    updates = postprocess(O as [N, *shape], states, group)  local (this rank's rows)
+                    updates = postprocess(O as [N, *shape], states, group)  local (this rank's rows;
+                                                                    postprocess None: updates = O)
   per parameter     apply(X, update, state, group, lr_scale(shape, group))
 
 An elementwise algorithm (AdamW) has `orthogonalize=None`: per parameter,
@@ -38,12 +41,34 @@ Stage signatures (Group = dict[str, Any]; State = the parameter's state dict, va
   validate(where: str, group) -> None      the algorithm's own options and parameter ranks;
                                            ValueError/TypeError naming `where` and the option
   check_layout(where: str, index: int, p: DTensor) -> None   an algorithm's extra DTensor rule
+  view(group) -> matrix_view.View          how the group's parameters are seen as matrices (the options
+                                           the executor reads of a matrix group)
+
+A stage may be a record that declares what it is (optimizers/algorithms/stages.py: Direction,
+Orthogonalize, Apply): the executor then runs the faster forms it declares (batched over many
+parameters, fused, captured in a CUDA graph, ...), with the same bits; a plain function runs as
+given. Muon's stock stages are such records; `MUON.direction.before(step)` and the like wrap one
+and keep the forms whose contract still holds.
 
 `select` and `orthogonalize` see whole matrices (on their owner rank when distributed), so a
 selection made from the whole matrix is layout invariant; they are stateless (state updates
 belong to `direction` and `postprocess`, which run on every rank on its local data). Stages
 must not raise on options and inputs their record's `validate` accepted: every check runs
 before the first write of a step.
+
+Non-finite gradients, one policy for every algorithm (torch.optim's): a NaN or +-inf gradient element
+is neither detected nor skipped nor repaired. It flows through the stages like any value, so the step
+writes non-finite values into the parameter: AdamW the element itself; a matrix algorithm the update
+of the whole matrix of the view that holds it (the normaliser divides by a NaN or inf norm); Dion2 and
+NorDion2 the selected slices of that matrix, the slice holding it among them (a slice whose L1 norm is
+not finite is selected first). It stays in the state, so every later step leaves the parameter
+non-finite, and other parameters step exactly as they would without it (each matrix of a stack is
+orthogonalized on its own). So no stage may turn a non-finite value finite (a mask or selection by
+`> 0`, a `where` on a comparison that NaN fails, a clamp) nor raise on one. Not a skip: knowing
+before the first write whether a step is finite takes a device-to-host synchronisation every step
+(and, distributed, an agreement among the ranks), which this optimizer otherwise avoids; skipping a
+step with an inf or NaN gradient is what torch.amp.GradScaler does, for any optimizer. A checkpoint
+whose state is not finite is refused on load (optimizers/checkpoint.py).
 
 State: `state` lists every key a parameter of the algorithm holds, with its shape as a function
 of the parameter's global shape and the group (None: a step count, a Python int). Missing keys
@@ -59,18 +84,14 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from optimizers import distributed
-from optimizers.matrix_view import as_matrices
+from optimizers import distributed, elementwise, kernels
+from optimizers.algorithms.stages import Apply, Group, State
+from optimizers.matrix_view import View
 
-Group = dict[str, Any]
-State = dict[str, Any]
 Expand = Callable[[torch.Tensor], torch.Tensor]
-Direction = Callable[[torch.Tensor, State, Group], torch.Tensor]
 Select = Callable[[torch.Tensor, Group], tuple[torch.Tensor, Expand]]
-Orthogonalize = Callable[[torch.Tensor, Group], torch.Tensor]
 Postprocess = Callable[[torch.Tensor, list[State], Group], torch.Tensor]
 LrScale = Callable[[tuple[int, ...], Group], float]
-Apply = Callable[[torch.Tensor, torch.Tensor, State, Group, float], None]
 Exchange = Callable[[torch.Tensor, distributed.Layout, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
 Validate = Callable[[str, Group], None]
 CheckLayout = Callable[[str, int, torch.Tensor], None]
@@ -90,20 +111,6 @@ class StateKey:
 def parameter_shape(shape: tuple[int, ...], group: Group) -> tuple[int, ...]:
     """Shape of a state tensor shaped like its parameter."""
     return shape
-
-
-def select_all(mats: torch.Tensor, group: Group) -> tuple[torch.Tensor, Expand]:
-    """Select stage of Muon: every matrix whole."""
-    return mats, _unchanged
-
-
-def _unchanged(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
-def no_postprocess(updates: torch.Tensor, states: list[State], group: Group) -> torch.Tensor:
-    """Post-processing stage of Muon: none."""
-    return updates
 
 
 def unit_lr_scale(shape: tuple[int, ...], group: Group) -> float:
@@ -143,8 +150,33 @@ def decoupled_apply_all(xs: list[torch.Tensor], updates: list[torch.Tensor], gro
     torch._foreach_add_(xs, updates, alpha=-group["lr"] * scale)
 
 
+def decoupled_fuses(xs: list[torch.Tensor], group: Group) -> bool:
+    """True when `decoupled_apply_fused` runs optimizers.elementwise's kernel on these parameters (the group's
+    `fused` option, optimizers/kernels.py)."""
+    return bool(xs) and elementwise.applies(xs, kernels.of(group["fused"], xs[0]))
+
+
+def decoupled_apply_fused(xs: list[torch.Tensor], matrices: torch.Tensor, group: Group, scale: float) -> bool:
+    """`decoupled_apply` of every parameter of a megabatch from its matrices [B, m, n] (the orthogonalized
+    matrix view, any strides) by optimizers.elementwise's fused kernel, where it runs (else False: nothing
+    done)."""
+    decay = 1.0 - group["lr"] * group["weight_decay"] if group["weight_decay"] else None
+    return bool(xs) and elementwise.apply_(xs, matrices, decay, -group["lr"] * scale, kernels.of(group["fused"], xs[0]))
+
+
+DECOUPLED = Apply(decoupled_apply, foreach=decoupled_apply_all, fuses=decoupled_fuses, fused=decoupled_apply_fused,
+                  widens=True)
+"""The apply stage of the matrix algorithms: decoupled decay, then the update (the torch add_ widens a
+bf16/fp16 update exactly), declared with its foreach and fused forms."""
+
+
 def no_layout_rule(where: str, index: int, p: torch.Tensor) -> None:
     """Layout stage of an algorithm that takes every layout distributed Muon supports."""
+
+
+def group_view(group: Group) -> View:
+    """The view of a group with the matrix options Muon's record defines: flatten, num_heads, tp_mode."""
+    return View(group["flatten"], group["num_heads"], group["tp_mode"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,14 +191,15 @@ class Algorithm:
     defaults: Mapping[str, Any]
     validate: Validate
     state: tuple[StateKey, ...]
-    direction: Direction
-    orthogonalize: Orthogonalize | None
-    select: Select = select_all
-    postprocess: Postprocess = no_postprocess
+    direction: Callable[[torch.Tensor, State, Group], torch.Tensor]
+    orthogonalize: Callable[[torch.Tensor, Group], torch.Tensor] | None
+    select: Select | None = None
+    postprocess: Postprocess | None = None
     lr_scale: LrScale = unit_lr_scale
-    apply: Apply = decoupled_apply
+    apply: Callable[[torch.Tensor, torch.Tensor, State, Group, float], None] = DECOUPLED
     exchange: Exchange = distributed.exchange
     check_layout: CheckLayout = no_layout_rule
+    view: Callable[[Group], View] = group_view
 
     @property
     def elementwise(self) -> bool:
@@ -177,13 +210,15 @@ class Algorithm:
         """stack [k, *shape] of whole members (or of TP shards under tp_mode="per_shard") -> their
         updates, same shape: matrix view (head blocks of the global `shape` with num_heads), select,
         orthogonalize, expand."""
-        heads = group.get("num_heads")
-        head_dim = None if heads is None else shape[0] // heads
+        view = self.view(group)
 
         def run(stack: torch.Tensor) -> torch.Tensor:
             if stack.shape[0] == 0:
                 return stack
-            selected, expand = self.select(as_matrices(stack, group["flatten"], head_dim), group)
+            mats = view.matrices(stack, shape)
+            if self.select is None:
+                return self.orthogonalize(mats, group).reshape(stack.shape)
+            selected, expand = self.select(mats, group)
             return expand(self.orthogonalize(selected, group)).reshape(stack.shape)
         return run
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+import types
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from optimizers.algorithms.base import Algorithm, Group, State, StateKey, parameter_shape
 from optimizers.algorithms.muon import MUON, matrix_lr_scale, orthogonalize_group, validate_muon
-from optimizers.algorithms.normuon import NORMUON, validate_variance
+from optimizers.algorithms.normuon import NORMUON, restore_factor, validate_variance
 from optimizers.distributed import chunk_sizes, local
 from optimizers.matrix_view import as_matrices, matrix_dims
 from optimizers.norms import frobenius
@@ -58,17 +59,34 @@ def reduced_dims(ndim: int, flatten: bool, rows: bool) -> tuple[int, ...]:
     return (ndim - 1,) if rows else (ndim - 2,)
 
 
+FP64_NORM_SCALE = 2.0**-64
+"""The power of two fp64 slices are scaled by before their L1 norms are summed: no sum of fewer than 2^63
+entries then overflows, and their order (all the selection reads) is kept (but among slices of entries
+below 2^-958, which it flushes to zero)."""
+
+
 def slice_norms(m: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """L1 norm of every slice of `m` (summed over `dims`, kept as size 1: parameter rank), in at
-    least fp32."""
-    return m.abs().to(torch.promote_types(m.dtype, torch.float32)).sum(dim=dims, keepdim=True)
+    """L1 norm of every slice of `m` (summed over `dims`, kept as size 1: parameter rank), in fp64 (the
+    oracle's precision), where no sum of fp32 or bf16 values overflows (fp32 sums did from 3.4e38 / length);
+    of an fp64 `m`, times FP64_NORM_SCALE."""
+    if m.dtype == torch.float64:
+        m = m * FP64_NORM_SCALE
+    return torch.linalg.vector_norm(m, 1, dim=dims, keepdim=True, dtype=torch.float64)
+
+
+def descending(norms: torch.Tensor) -> torch.Tensor:
+    """Indices sorting each row of `norms` [B, n] by decreasing value, ties to the lower index; a NaN
+    ranks as +inf, above every finite value (the non-finite policy: optimizers/algorithms/base.py)."""
+    return torch.sort(torch.nan_to_num(norms, nan=math.inf, posinf=math.inf), dim=-1, descending=True,
+                      stable=True).indices
 
 
 def top_k_mask(norms: torch.Tensor, fraction: float, groups: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean mask [B, n] of the selected slices of each row of `norms` [B, n]: the select_count
-    largest, ties to the lower index. `groups` (local scope; [B, n] or [n], integer ids): within
-    each row, every group selects its own select_count of its members."""
-    order = torch.sort(norms, dim=-1, descending=True, stable=True).indices
+    largest (`descending`: a norm that is not finite is selected first), ties to the lower index.
+    `groups` (local scope; [B, n] or [n], integer ids): within each row, every group selects its own
+    select_count of its members."""
+    order = descending(norms)
     if groups is None:
         mask = torch.zeros(norms.shape, dtype=torch.bool, device=norms.device)
         return mask.scatter_(-1, order[:, :select_count(norms.shape[-1], fraction)], True)
@@ -94,12 +112,13 @@ def gather_selected(mats: torch.Tensor, rows: bool) -> tuple[torch.Tensor, torch
     """(submatrices, indices) of the nonzero slices of each matrix of `mats` [B, m, n] (the
     direction with its unselected slices zeroed): [B, K, n] or [B, m, K], K the largest count of
     nonzero slices in the batch (at least 1), indices [B, K] ascending within each matrix.
-    When every slice is nonzero, `mats` itself and None (no copy: the matrices Muon would see)."""
+    When every slice is nonzero, `mats` itself and None (no copy: the matrices Muon would see).
+    A slice holding a NaN is nonzero (its L1 norm is NaN, not 0); an L1 norm that overflows is +inf."""
     norms = mats.abs().sum(dim=-1 if rows else -2)
-    k = max(1, int((norms > 0).sum(dim=-1).max())) if norms.numel() else 1
+    k = max(1, int((norms != 0).sum(dim=-1).max())) if norms.numel() else 1
     if k == norms.shape[-1]:
         return mats, None
-    order = torch.sort(norms, dim=-1, descending=True, stable=True).indices[:, :k]
+    order = descending(norms)[:, :k]
     idx = order.sort(dim=-1).values
     return torch.gather(mats, -2 if rows else -1, _expand(idx, mats, rows)), idx
 
@@ -109,7 +128,7 @@ def scatter_selected(sub: torch.Tensor, idx: torch.Tensor | None, like: torch.Te
     and only where `like`'s slice is nonzero (a zero filler slice of a short matrix stays zero)."""
     out = sub if idx is None else torch.zeros_like(like).scatter_(-2 if rows else -1, _expand(idx, like, rows),
                                                                   sub.to(like.dtype))
-    nonzero = like.abs().sum(dim=-1 if rows else -2, keepdim=True) > 0
+    nonzero = like.abs().sum(dim=-1 if rows else -2, keepdim=True) != 0  # NaN: nonzero (gather_selected)
     return torch.where(nonzero, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
@@ -242,12 +261,12 @@ def normalise_selected_rows(updates: torch.Tensor, states: list[State], group: G
     mats = as_matrices(updates.contiguous(), group["flatten"]).to(work)
     variances = [local(s["variance"]) for s in states]
     v = torch.stack(variances).to(work).reshape(mats.shape[0], mats.shape[1], 1)
-    selected = mats.abs().sum(dim=-1, keepdim=True) > 0
+    selected = mats.abs().sum(dim=-1, keepdim=True) != 0  # NaN: selected (gather_selected)
     v = torch.where(selected, torch.lerp(mats.square().mean(dim=-1, keepdim=True), v, group["beta2"]), v)
     normed = torch.where(selected, mats / (v.sqrt() + group["variance_eps"]), torch.zeros((), dtype=work))
     norm_o = frobenius(mats.reshape(n, -1), 1, keepdim=True)
     norm_n = frobenius(normed.reshape(n, -1), 1, keepdim=True)
-    factor = torch.where(norm_n > 0, norm_o / norm_n.clamp_min(torch.finfo(work).tiny), 0.0)
+    factor = restore_factor(norm_o, norm_n)
     for buffer, new in zip(variances, v.reshape(n, *variances[0].shape).unbind(0)):
         buffer.copy_(new)
     return (normed.reshape(n, -1) * factor).reshape(updates.shape).to(updates.dtype)
@@ -264,7 +283,7 @@ def whole_rows(where: str, index: int, p: torch.Tensor) -> None:
 
 
 SCOPES = ("local", "global")
-DION2_DEFAULTS = dict(fraction=0.25, ef_decay=0.95, selection_scope="local")
+DION2_DEFAULTS = types.MappingProxyType(dict(fraction=0.25, ef_decay=0.95, selection_scope="local"))
 
 DION2 = Algorithm(
     name="dion2",
@@ -273,7 +292,7 @@ DION2 = Algorithm(
     state=(StateKey("momentum", parameter_shape),),
     direction=selected_direction,
     select=_selector(rows_only=False),
-    orthogonalize=orthogonalize_group,
+    orthogonalize=MUON.orthogonalize,
     lr_scale=matrix_lr_scale,
     check_layout=one_dim_mesh,
 )
@@ -289,3 +308,33 @@ NORDION2 = dataclasses.replace(
     postprocess=normalise_selected_rows,
     check_layout=whole_rows,
 )
+
+
+# The convenience classes, after the records: `optimizers.muon` imports this package, not this module.
+from optimizers.muon import Muon  # noqa: E402
+
+
+class Dion2(Muon):
+    """Dion2: Muon on the top `fraction` of each matrix's slices by L1 norm, error feedback
+    `ef_decay` on the selected slices (the record above for the update).
+
+    Args (beyond Muon's orthogonalizer, ns_steps, compute_dtype, eps, mesh, flatten, adjust_lr):
+      fraction: share of slices orthogonalized each step, in (0, 1].
+      ef_decay: error-feedback decay of the selected slices of the momentum, in [0, 1].
+      selection_scope: "local" (each rank selects among the slices it holds) or "global"
+        (top-k of the whole matrix: the step does not depend on the layout).
+    Raises ValueError/TypeError at construction on bad options (nesterov=True included)."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.01, fraction: float = DION2.defaults["fraction"],
+                 ef_decay: float = DION2.defaults["ef_decay"],
+                 selection_scope: str = DION2.defaults["selection_scope"], **options: Any) -> None:
+        super().__init__(params, **{"algorithm": "dion2", "lr": lr, "fraction": fraction, "ef_decay": ef_decay,
+                                    "selection_scope": selection_scope, **options})
+
+
+class NorDion2(Dion2):
+    """NorDion2: Dion2 selecting rows (output channels) always, whose selected rows are normalised
+    as NorMuon's (beta2, variance_eps; a second moment per row, updated where selected)."""
+
+    def __init__(self, params: Iterable[Any], **options: Any) -> None:
+        super().__init__(params, **{"algorithm": "nordion2", **options})

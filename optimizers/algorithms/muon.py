@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from optimizers import elementwise
+from optimizers import elementwise, kernels
 from optimizers.algorithms.base import Algorithm, Group, State, StateKey, foreach_exact, parameter_shape
+from optimizers.algorithms.stages import Direction, Orthogonalize
 from optimizers.coefficients import DEFAULT_STEPS
 from optimizers.distributed import local
+from optimizers.launches import device_of
 from optimizers.matrix_view import ADJUST_LR, lr_scale
-from optimizers.gram_newton_schulz import RESTARTS
+from optimizers.gram_newton_schulz import RESTARTS, iteration_dtype, takes_gram_iteration
 from optimizers.orthogonalize import ORTHOGONALIZERS, SCHEDULES, orthogonalize
 from optimizers.tensor_parallel import TP_MODES
 from optimizers.validation import check_params, check_real
@@ -86,16 +88,17 @@ def momentum_directions(grads: list[torch.Tensor], states: list[State], group: G
                         ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """`momentum_direction` of many parameters at once, with the same bits: each elementwise pass is one
     torch._foreach_* call over all of them (a few kernel launches on CUDA instead of two per parameter), or
-    with optimizers.elementwise.TRITON the momentum in one fused launch; with a half-type parameter among
-    them, one by one (base.FOREACH_DTYPES). Also returns, where the fused launch ran and the directions are
-    the buffers themselves (no Nesterov), their sums of squares in parts ([N, P] fp64,
-    optimizers/elementwise.py `norms`); else None."""
+    where the group's `fused` option takes the kernels (optimizers/kernels.py) the momentum in one fused launch;
+    with a half-type parameter among them, one by one (base.FOREACH_DTYPES). Also returns, where the fused
+    launch ran and the directions are the buffers themselves (no Nesterov), their sums of squares in parts
+    ([N, P] fp64, optimizers/elementwise.py `norms`); else None."""
     if not grads:
         return [], None
     gs, bufs = [local(g) for g in grads], [local(s["momentum_buffer"]) for s in states]
     if not foreach_exact(gs, bufs):  # half types one by one (base.FOREACH_DTYPES)
         return [momentum_direction(g, s, group) for g, s in zip(grads, states)], None
-    parts = elementwise.momentum_(bufs, gs, group["momentum"])  # the fused kernel's bits are these passes'
+    # the fused kernel's bits are these passes'
+    parts = elementwise.momentum_(bufs, gs, group["momentum"], kernels.of(group["fused"], bufs[0]))
     if parts is None:
         torch._foreach_mul_(bufs, group["momentum"])
         torch._foreach_add_(bufs, gs)
@@ -106,12 +109,55 @@ def momentum_directions(grads: list[torch.Tensor], states: list[State], group: G
 
 def orthogonalize_group(mats: torch.Tensor, group: Group, out_dtype: torch.dtype | None = None,
                         norms: torch.Tensor | None = None) -> torch.Tensor:
-    """orth of every matrix of `mats` [B, m, n] with the group's orthogonalizer, steps, eps and
-    compute dtype, returned in `out_dtype` (default `mats`' dtype); `norms`: their Frobenius norms [B],
-    where known (Gram Newton-Schulz only: optimizers/orthogonalize.py)."""
-    compute = group["compute_dtype"] or default_compute_dtype(mats.device)
+    """orth of every matrix of `mats` [B, m, n] with the group's orthogonalizer, steps, eps, compute dtype
+    and Triton kernels (its `fused` option, optimizers/kernels.py), returned in `out_dtype` (default `mats`'
+    dtype); `norms`: their Frobenius norms [B], where known (Gram Newton-Schulz only:
+    optimizers/orthogonalize.py)."""
+    compute = group["compute_dtype"] or default_compute_dtype(device_of(mats))
     return orthogonalize(mats, group["orthogonalizer"], group["ns_steps"] or DEFAULT_STEPS, group["eps"], compute,
-                         group["ns_coefficients"], tuple(group["gram_restarts"]), out_dtype, norms)
+                         group["ns_coefficients"], tuple(group["gram_restarts"]), out_dtype, norms,
+                         kernels.of(group["fused"], mats))
+
+
+def direct_dtype(group: Group, device: torch.device, rows: int, cols: int, fused: bool) -> torch.dtype | None:
+    """The dtype `orthogonalize_group` may return its result in, uncast, for parameters on `device` whose
+    matrices are rows x cols (stages.Orthogonalize.direct): the compute dtype where it is bf16/fp16 (not under
+    "svd", which computes in fp32/fp64); a tall result (computed as its transpose: a transposed view, which the
+    cast would make contiguous) only with `fused`. Gram Newton–Schulz iterating in another dtype
+    (gram_newton_schulz.iteration_dtype: bf16 in fp16) returns a wide or tall result in that dtype, only with
+    `fused` (its dtype depends on the shape and on a fallback: the same bits, but for a divergence's fallback,
+    whose bf16 values below 2^-17 in magnitude round to fp16's subnormal spacing); square matrices take the
+    standard iteration, in the compute dtype."""
+    if group["orthogonalizer"] == "svd":
+        return None
+    compute = group["compute_dtype"] or default_compute_dtype(device)
+    if compute not in (torch.bfloat16, torch.float16):
+        return None
+    if (group["orthogonalizer"] == "gram_newton_schulz" and iteration_dtype(compute) != compute
+            and takes_gram_iteration(rows, cols)):
+        return iteration_dtype(compute) if fused else None
+    return compute if fused or rows <= cols else None
+
+
+def takes_norms(group: Group) -> bool:
+    """Gram Newton–Schulz (whose normaliser is formed in at least fp32) may divide by norms given to it."""
+    return group["orthogonalizer"] == "gram_newton_schulz"
+
+
+CAPTURED = ("polar_express", "newton_schulz", "gram_newton_schulz")
+"""Orthogonalizers a CUDA graph may capture (optimizers/graphs.py): the polynomials have no host
+synchronisation; Gram Newton–Schulz's divergence check is deferred past the replay. Not "svd": cuSOLVER
+checks its info on the host."""
+
+
+def captured(group: Group) -> bool:
+    """The group's orthogonalizer is one of CAPTURED."""
+    return group["orthogonalizer"] in CAPTURED
+
+
+def checked(group: Group, rows: int, cols: int) -> bool:
+    """Gram Newton–Schulz checks a wide or tall result on the host (its divergence flags)."""
+    return group["orthogonalizer"] == "gram_newton_schulz" and takes_gram_iteration(rows, cols)
 
 
 def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
@@ -122,6 +168,13 @@ def matrix_lr_scale(shape: tuple[int, ...], group: Group) -> float:
 
 MOMENTUM = StateKey("momentum_buffer", parameter_shape)
 
+MOMENTUM_DIRECTION = Direction(momentum_direction, batched=momentum_directions, buffer=MOMENTUM.name)
+"""Muon's direction stage, declared with its batched form and its buffer (optimizers/algorithms/stages.py)."""
+
+ORTHOGONALIZE = Orthogonalize(orthogonalize_group, reads_only=True, direct=direct_dtype, norms=takes_norms,
+                              captured=captured, checked=checked)
+"""Muon's orthogonalize stage, declared with what the executor's fast paths rely on (stages.py)."""
+
 MUON = Algorithm(
     name="muon",
     defaults=dict(momentum=0.95, nesterov=False, adjust_lr="spectral_norm", flatten=False,
@@ -129,7 +182,7 @@ MUON = Algorithm(
                   ns_coefficients=None, gram_restarts=RESTARTS, tp_mode="gather", num_heads=None),
     validate=validate_muon,
     state=(MOMENTUM,),
-    direction=momentum_direction,
-    orthogonalize=orthogonalize_group,
+    direction=MOMENTUM_DIRECTION,
+    orthogonalize=ORTHOGONALIZE,
     lr_scale=matrix_lr_scale,
 )

@@ -17,6 +17,8 @@ checkpoints stay shard-compatible. Megabatched: the math runs on the stacked
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 import dataclasses
 
 import torch
@@ -56,10 +58,16 @@ def normalise_rows(updates: torch.Tensor, variances: list[torch.Tensor], group: 
     normed = mats / (v.sqrt() + group["variance_eps"])
     norm_o = frobenius(mats.reshape(n, -1), 1, keepdim=True)
     norm_n = frobenius(normed.reshape(n, -1), 1, keepdim=True)
-    factor = torch.where(norm_n > 0, norm_o / norm_n.clamp_min(torch.finfo(work_dtype).tiny), 0.0)
+    factor = restore_factor(norm_o, norm_n)
     for buffer, new in zip(variances, v.reshape(n, *variances[0].shape).unbind(0)):
         buffer.copy_(new)
     return (normed.reshape(n, -1) * factor).reshape(updates.shape).to(updates.dtype)
+
+
+def restore_factor(norm_o: torch.Tensor, norm_n: torch.Tensor) -> torch.Tensor:
+    """||O|| / ||N||, the factor restoring the norm: 0 where ||N|| = 0 (nothing to restore); NaN stays NaN
+    (a non-finite update stays visible: optimizers/algorithms/base.py)."""
+    return torch.where(norm_n == 0, 0.0, norm_o / norm_n.clamp_min(torch.finfo(norm_n.dtype).tiny))
 
 
 def validate_variance(where: str, group: Group) -> None:
@@ -108,3 +116,17 @@ NORMUON = dataclasses.replace(
     postprocess=row_normalise,
     check_layout=whole_rows,
 )
+
+
+# The convenience class, after the record: `optimizers.muon` imports this package, not this module.
+from optimizers.muon import Muon  # noqa: E402
+
+
+class NorMuon(Muon):
+    """Muon whose groups default to algorithm "normuon" (Li et al., 2025, arXiv:2510.05491):
+    the orthogonalized update's rows are normalised by a running second moment, then its
+    Frobenius norm is restored (the record above). Takes every Muon option, plus
+    beta2 (default 0.95) and variance_eps (default 1e-8)."""
+
+    def __init__(self, params: Iterable[Any], **options: Any) -> None:
+        super().__init__(params, **{"algorithm": "normuon", **options})

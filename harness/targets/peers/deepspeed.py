@@ -16,8 +16,11 @@ What its source does (DeepSpeed 0.19.8, original_muon.py):
     exact arithmetic, another rounding, so it is judged on the Gram Newton-Schulz cases (token `gns`)
     under the Gram keys of Keller Jordan's quintic. The adapter asks DeepSpeed for the dtype of each
     method, so it declares what runs here (on this CPU: gram fp32, standard bf16).
-  - 4-D parameters are flattened to [out, in*kh*kw]; 3-D and 5-D ones are batches of their
-    trailing matrices (no flatten switch), so the other flatten choice is unsupported.
+  - 4-D parameters are flattened to [out, in*kh*kw] (so a 4-D case without flatten is unsupported);
+    3-D and 5-D ones are orthogonalized as batches of their trailing matrices whatever is asked: there
+    is no flatten switch. A flattened Conv1d or Conv3d case runs as DeepSpeed runs it, and is judged
+    against the flattened reference: convolution weights must be flattened, and a target that slices
+    them is wrong, not unsupported (README, Findings).
   - the lr scale is sqrt(max(1, rows/cols)) of the parameter's LAST TWO dims, even when a 4-D
     parameter was flattened (it reads kh/kw there): declared as lr_dims "last_two".
   - decay X(1 - lr wd) with the base lr, before the update.
@@ -67,9 +70,8 @@ class DeepSpeedMuon(PeerTarget):
                     f"{ORTHOGONALIZERS[self.ns_method]} only (case: {case.orthogonalizer})")
         if case.adjust_lr != "spectral_norm":
             return f"DeepSpeed's Muon has one lr scale, sqrt(max(1, rows/cols)) (case: {case.adjust_lr})"
-        if len(case.shape) > 2 and case.flatten != (len(case.shape) == 4):
-            return (f"DeepSpeed's Muon flattens 4-D parameters and no others "
-                    f"(case: {len(case.shape)}-D, flatten={case.flatten})")
+        if len(case.shape) == 4 and not case.flatten:
+            return "DeepSpeed's Muon always flattens a 4-D parameter (case: flatten=False)"
         if case.compute_dtype != self.compute_dtype():
             return (f"DeepSpeed's {self.ns_method} Newton-Schulz computes in {self.compute_dtype()} on this "
                     f"accelerator (case: {case.compute_dtype})")

@@ -1,0 +1,52 @@
+"""The calibration panel: independent correct implementations of the algorithms the harness judges, each a
+target declaring its conventions as they are (harness/policy/calibrate/ measures the statistical allowances
+over them and ours, so that a correct implementation that rounds differently from ours is not failed).
+
+A `Member` is a target spec and where the implementation is known not to be correct (its findings: no
+allowance is measured there, and no false alarm counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from cases import Case
+from harness.targets.panel.plain import Plain
+from harness.targets.torch_builtin import bf16_buffer_finding
+
+
+@dataclass(frozen=True)
+class Member:
+    spec: str
+    known: Callable[[Case], str | None] = lambda case: None
+
+
+def textbook() -> Plain:
+    """Keller Jordan's loop (A = X X^T, B = b A + c A^2, X = a X + B X), momentum in the parameter's dtype."""
+    return Plain("fused", "param")
+
+
+def textbook_fp32_momentum() -> Plain:
+    """The same loop with the momentum buffer in fp32 for bf16 parameters."""
+    return Plain("fused", "fp32")
+
+
+def expanded() -> Plain:
+    """Keller Jordan's iteration as the formula reads, X = a X + b (X X^T) X + c (X X^T)^2 X, momentum in the
+    parameter's dtype."""
+    return Plain("expanded", "param")
+
+
+def expanded_fp32_momentum() -> Plain:
+    return Plain("expanded", "fp32")
+
+
+PANEL: tuple[Member, ...] = (
+    Member("harness.targets.panel:textbook"),
+    Member("harness.targets.panel:textbook_fp32_momentum"),
+    Member("harness.targets.panel:expanded"),
+    Member("harness.targets.panel:expanded_fp32_momentum"),
+    Member("torch", bf16_buffer_finding),
+)
+"""The independent members (ours joins them in every calibration: harness/policy/calibrate/panel.py)."""

@@ -1,0 +1,105 @@
+"""The calibration panel (harness/targets/panel/): independent correct implementations, declared as they are.
+
+Each member is written without optimizers/ and passes the harness where its arithmetic is exact enough to
+be judged tightly (fp64, fp32); a member misdeclaring what it runs fails. The whole CI tier at fp32/fp64 is
+proven by stored runs (README, "Calibration on a panel"); here a sample per member and the negative
+controls."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cases import Case
+from harness.policy.calibrate import panel as calibration
+from harness.runner import run_case
+from harness.targets import load_target
+from harness.targets.panel import PANEL
+from harness.targets.panel.plain import Plain, gram_iteration, polar, polynomial
+from oracles import Orthogonalizer
+
+PANEL_DIR = Path(__file__).resolve().parents[1] / "harness" / "targets" / "panel"
+
+SAMPLE = (
+    "muon/linear-12x20/mb2/noflat/fp64@fp64/ns/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0",
+    "muon/conv2d-8x4x3x3/mb2/flat/fp32@fp32/pe/rms_norm/plain/wd0.1/steps3/gaussian/seed0",
+    "normuon/conv1d-8x4x5/mb2/noflat/fp64@fp32/svd/spectral_norm/nesterov/wd0/steps3/lowrank/seed0",
+    "muon/linear_tall-24x6/mb1/noflat/fp32@fp32/gns/none/nesterov/wd0.1/steps3/gaussian/seed0",
+    "normuon/linear_row-1x16/mb3/noflat/fp32@fp32/ns/rms_norm/plain/wd0/steps3/huge/seed0",
+)
+
+
+def test_no_panel_module_imports_optimizers():
+    for path in sorted(PANEL_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] == "optimizers"], path.name
+
+
+@pytest.mark.parametrize("member", [m.spec for m in PANEL])
+def test_each_member_passes_a_sample_of_exact_cases(member):
+    target = load_target(member)
+    judged = 0
+    for case_id in SAMPLE:
+        case = Case.from_id(case_id)
+        if target.unsupported(case) is not None:
+            continue
+        records = run_case(case, target, member)
+        judged += 1
+        assert all(r.status == "pass" for r in records), [(r.check, r.status, r.ratio, r.message) for r in records]
+    assert judged or member == "torch"  # torch.optim.Muon computes in bf16 only
+
+
+class Misdeclared(Plain):
+    """Runs Jiacheng You's quintics and declares the case's own schedule (Keller Jordan's)."""
+
+    def __init__(self) -> None:
+        super().__init__("fused", "param", "you")
+
+    def conventions(self, case):
+        return dataclasses.replace(super().conventions(case),
+                                   orthogonalizer=Orthogonalizer.named(case.orthogonalizer))
+
+
+def test_a_member_that_misdeclares_its_schedule_fails():
+    """Negative control: the same implementation declaring what it does not run is flagged; declared as it
+    is (You's quintics), it passes."""
+    case = Case.from_id(SAMPLE[0].replace("fp64@fp64", "fp32@fp32"))
+    got = {r.check: r.status for r in run_case(case, Misdeclared(), "misdeclared")}
+    assert got["reference"] == "fail", got
+    honest = {r.check: r.status for r in run_case(case, Plain("fused", "param", "you"), "you")}
+    assert set(honest.values()) == {"pass"}, honest
+
+
+def test_the_iterations_are_the_declared_maps_in_fp64():
+    """The Gram iteration and both polynomial forms agree with each other to fp64 rounding, and the SVD
+    member is the polar factor."""
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(3, 6, 10, generator=g, dtype=torch.float64)
+    for name in ("newton_schulz", "polar_express"):
+        spec = Orthogonalizer.named(name)
+        fused, expanded = polynomial(u, spec, "fused"), polynomial(u, spec, "expanded")
+        gram = gram_iteration(u, dataclasses.replace(spec, iteration="gram"))
+        assert torch.allclose(fused, expanded, atol=1e-12) and torch.allclose(fused, gram, atol=1e-10)
+    o = polar(u, Orthogonalizer.named("svd", compute_dtype="fp64"))
+    assert torch.allclose(o @ o.mT, torch.eye(6, dtype=torch.float64).expand(3, 6, 6), atol=1e-12)
+    assert np.allclose(np.linalg.svd(o.numpy(), compute_uv=False), 1.0)
+
+
+def test_the_calibration_panel_is_ours_and_every_member():
+    assert calibration.MEMBERS == ("ours", *(m.spec for m in PANEL))
+    you = calibration.build("harness.targets.panel:expanded", "you", 1e-8)
+    assert isinstance(you, Plain) and (you.form, you.schedule, you.eps) == ("expanded", "you", 1e-8)
+    assert calibration.build("torch", "you") is None
+    torch_member = load_target("torch")
+    buggy = Case.from_id("muon/linear-12x20/mb1/noflat/bf16@bf16/ns/spectral_norm/plain/wd0/steps3/gaussian/seed0")
+    assert torch_member.unsupported(buggy) is None and not calibration.runs_case("torch", torch_member, buggy)
+    wide = calibration.build("harness.targets.panel:textbook_fp32_momentum")
+    assert not calibration.runs_case("harness.targets.panel:textbook_fp32_momentum", wide,
+                                     Case.from_id(SAMPLE[1]))  # fp32 parameters: its twin runs the same
