@@ -207,7 +207,7 @@ def record(wanted: list[Wanted]) -> list[Entry]:
     for w in wanted:
         case, target = Case.from_id(w.case_id), load_target(w.target)
         judged = Judged()
-        records = run_case(case, target, w.target, judged=judged)
+        records = run_case(case, target, w.target, kept=judged)
         if not any(r.failing for r in records):
             print(f"not failing, left out: {w.target} {w.case_id}", file=sys.stderr)
             continue

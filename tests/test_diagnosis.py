@@ -63,7 +63,7 @@ def test_nothing_failing_gets_no_diagnosis_and_annotate_touches_only_failing_rec
 def judged_run(defect: str, case: Case) -> tuple[list[Record], Judged]:
     d = BY_NAME[defect]
     judged = Judged()
-    records = run_case(case, d.make(), spec(d), judged=judged)
+    records = run_case(case, d.make(), spec(d), kept=judged)
     assert any(r.failing for r in records)
     return records, judged
 
@@ -103,7 +103,7 @@ def test_the_diagnosis_runs_no_target_and_loads_none(monkeypatch):
     run = target.run
     monkeypatch.setattr(target, "run", lambda *args: runs.append(1) or run(*args))
     judged = Judged()
-    records = run_case(FP32, target, spec(d), judged=judged)
+    records = run_case(FP32, target, spec(d), kept=judged)
     judging = len(runs)
 
     def refuse(spec):

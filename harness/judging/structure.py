@@ -103,7 +103,7 @@ def correct_error(pol: tolerance.CasePolicy, member: int, step: int, ref: np.nda
     coefficient x u x max(1, A) of the step's direction, times ||dref||, plus the storage rounding of
     the new parameter (STORAGE_ULPS ulps, the allowance the measured coefficients are beyond)."""
     amplification = pol.sensitivities[member][step].amplification
-    return (pol.measured.median * pol.u * max(1.0, amplification) * float(np.linalg.norm(ref))
+    return (pol.measured.median[tolerance.STATISTIC] * pol.u * max(1.0, amplification) * float(np.linalg.norm(ref))
             + STORAGE_ULPS * float(np.linalg.norm(ulp(x_ref, param_dtype))))
 
 
