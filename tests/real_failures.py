@@ -241,7 +241,8 @@ DION_CI_FAILURES = (
     "normuon/conv3d-6x3x2x3x3/mb2/flat/fp32@bf16/ns/rms_norm/nesterov/wd0.1/steps3/tiny/seed0",
     "normuon/conv3d-6x3x2x3x3/mb3/flat/bf16@bf16/pe/spectral_norm/plain/wd0.1/steps1/tiny/seed0",
 )
-"""dion 0a059a4's failing single-process cases of the CI tier (`python -m harness run --target dion`)."""
+"""dion 0a059a4's failing single-process cases of the global CI tier as it stood before per-target tiers
+(`python -m harness run --target dion` at d605659); their ids are stable, so they stay the set's dion cases."""
 
 DION_CAUSES = {
     "members-mixed": "dion 0a059a4: Muon(flatten=True) orthogonalizes a megabatch as one [N, prod(shape)] matrix "
