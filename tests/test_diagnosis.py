@@ -4,22 +4,30 @@ failed, and no target run (nor ours loaded) once the checks are done."""
 
 import dataclasses
 
+import numpy as np
 import pytest
+import torch
 
 from cases import Case
+from cases.layouts import regions
 from harness import runner
+from harness.algorithms import algorithm
 from harness.apps.selftest_catalog import BY_NAME, spec
 from harness.judging import diagnosis
 from harness.judging.judged import Judged
-from harness.judging.structure import Declared
+from harness.judging.structure import Declared, structure
 from harness.runner import run_case
+from harness.running.inputs import f64, make_inputs
 from harness.targets import load_target
+from oracles import MuonHyper, Orthogonalizer, orthogonalize
+from oracles.muon_reference import apply_update
 from reports import Record
 
 FP32 = Case(layer="conv2d", megabatch=2, flatten=True, param_dtype="fp32", compute_dtype="fp32",
             orthogonalizer="polar_express", adjust_lr="rms_norm", nesterov=True, weight_decay=0.1, steps=3,
             grad="gaussian")
 OURS = Declared.of(load_target("ours"))
+DION2 = Case.from_id("dion2-f0.25/linear-12x20/mb1/noflat/fp32@fp32/ns/spectral_norm/plain/wd0/steps3/gaussian/seed0")
 
 
 def record(check: str, status: str, case: Case = FP32) -> Record:
@@ -88,6 +96,12 @@ def judged_run(defect: str, case: Case) -> tuple[list[Record], Judged]:
     # its negative control: per-row factors explain a row-statistics defect that one factor does not
     ("normuon-variance-no-ema", Case.from_id("normuon/linear_tall-24x6/mb2/noflat/bf16@fp32/svd/spectral_norm/"
                                              "nesterov/wd0/steps3/huge/seed0")),
+    # selection: the judged update moves slices the reference's top-k leaves out
+    ("dion2-ef-unselected", DION2),
+    ("dion2-kernel-selection", Case.from_id("dion2-f0.5/conv1d-8x4x5/mb5/flat/fp64@fp64/pe/rms_norm/plain/wd0.1/"
+                                            "steps3/gaussian/seed0")),
+    # its negative control: a Dion2 defect that keeps the selection and scales the update
+    ("dion2-submatrix-lr", DION2),
 ])
 def test_structural_rules_name_the_defect(defect, case):
     records, judged = judged_run(defect, case)
@@ -135,3 +149,88 @@ def test_judged_case_keeps_what_the_checks_made(monkeypatch):
 
 def test_every_expected_label_is_a_rule():
     assert {d.expected for d in BY_NAME.values()} <= set(diagnosis.LABELS)
+
+
+def test_a_correct_selection_moves_no_unselected_slice():
+    """The selection rule's negative control: ours on the Dion2 case moves exactly the slices the reference
+    selects (and the structure of its error names no swap)."""
+    judged = Judged()
+    records = run_case(DION2, load_target("ours"), "ours", kept=judged)
+    assert not any(r.failing for r in records)
+    s = structure(DION2, OURS, judged)
+    assert s.selection == 0 and s.error < 1e-5
+
+
+# Synthetic runs in FP64 of a Muon case, each member's update built from the directions the reference
+# orthogonalizes: the models of the structure on errors of known shape.
+MUON64 = Case.from_id("muon/linear-12x20/mb2/noflat/fp64@fp64/ns/rms_norm/plain/wd0.1/steps2/gaussian/seed0")
+SHARDED = dataclasses.replace(MUON64, layout="shard0", world_size=2)
+
+
+def stepped(case: Case, update) -> list[list[torch.Tensor]]:
+    """The trajectory of `case`'s inputs where member i's step k applies update(us, i) under ours' conventions,
+    us the FP64 directions of every member at step k (in the parameter's shape)."""
+    conv = OURS.conventions(case)
+    directions = algorithm(case).directions(case, conv)
+    inputs = make_inputs(case)
+    hyper = MuonHyper(case.lr, case.momentum, case.nesterov, case.weight_decay, case.flatten)
+    states, xs, traj = [directions.initial] * case.megabatch, [f64(p) for p in inputs.params], []
+    for k in range(case.steps):
+        us = []
+        for i in range(case.megabatch):
+            states[i], mats = directions.step(states[i], f64(inputs.grads[k][i]))
+            us.append(np.asarray(mats).reshape(case.shape))
+        xs = [apply_update(x, update(us, i), hyper, conv) for i, x in enumerate(xs)]
+        traj.append([torch.from_numpy(x.copy()) for x in xs])
+    return traj
+
+
+def orth(u: np.ndarray, case: Case = MUON64) -> np.ndarray:
+    return orthogonalize(u, OURS.conventions(case).orthogonalizer, case.flatten)
+
+
+def per_shard(u: np.ndarray) -> np.ndarray:
+    out = np.empty_like(u)
+    for box in regions(SHARDED.layout, SHARDED.world_size, SHARDED.shape):
+        out[box] = orth(u[box])
+    return out
+
+
+def diagnosed(case: Case, update, failing: tuple[str, ...] = ("reference",)) -> str:
+    records = [record(c, "fail", case) for c in failing]
+    return diagnosis.diagnose(case, OURS, records, Judged(trajectory=stepped(case, update)))
+
+
+def test_the_synthetic_correct_run_is_the_reference():
+    s = structure(MUON64, OURS, Judged(trajectory=stepped(MUON64, lambda us, i: orth(us[i]))))
+    assert s.error < 1e-12 and s.swaps == 0
+
+
+def test_updates_landing_on_another_member_are_a_swap():
+    swapped = lambda us, i: orth(us[1 - i])  # noqa: E731
+    assert diagnosis.label(diagnosed(MUON64, swapped)) == "members-mixed"
+    line = diagnosed(SHARDED, swapped, ("reference", "local_shard"))
+    assert diagnosis.label(line) == "shard-local" and "wrong members" in line, line
+
+
+def test_each_shard_orthogonalized_alone_is_shard_local():
+    line = diagnosed(SHARDED, lambda us, i: per_shard(us[i]), ("reference", "local_shard"))
+    assert diagnosis.label(line) == "shard-local" and "its own piece" in line, line
+
+
+@pytest.mark.parametrize("update, label", [
+    # negative controls of the per-shard model: single-process defects on the same sharded case
+    (lambda us, i: 1.3 * orth(us[i]), "lr-scale"),
+    (lambda us, i: orthogonalize(us[i], Orthogonalizer.named("polar_express"), False), "orthogonalizer"),
+])
+def test_a_wrong_step_on_a_sharded_case_is_not_blamed_on_the_sharding(update, label):
+    line = diagnosed(SHARDED, update, ("reference", "local_shard"))
+    assert diagnosis.label(line) == label, line
+    assert structure(SHARDED, OURS, Judged(trajectory=stepped(SHARDED, update))).shard_left > diagnosis.EXPLAINED
+
+
+def test_an_update_that_barely_moves_is_no_lr_scale():
+    """A step ~0 x the reference's is fitted by every factor model; none is named."""
+    line = diagnosed(MUON64, lambda us, i: 1e-4 * orth(us[i]))
+    assert diagnosis.label(line) == "orthogonalizer" and "barely move" in line, line
+    assert diagnosis.label(diagnosed(MUON64, lambda us, i: 0.5 * orth(us[i]))) == "lr-scale"

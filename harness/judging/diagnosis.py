@@ -2,8 +2,8 @@
 of the error of what they judged, so that the reader of a report need not infer it.
 
 Made from what judging the case left (harness/judging/judged.py): its records, the trajectory every check
-judged, the runs the checks made (gradients x 2^10, the [out, prod(rest)] view, one process) and the
-tolerance policy's measurements, under the conventions the target declares. It never runs a target.
+judged, the runs the checks made (gradients x 2^10, the [out, prod(rest)] view) and the tolerance policy's
+measurements, under the conventions the target declares. It never runs a target.
 
 Rules, first match wins (each names its evidence in the line it writes):
 
@@ -15,20 +15,28 @@ Rules, first match wins (each names its evidence in the line it writes):
                       slices, wrong side, the local scope where global is declared, state of the wrong slices)
   flattened-geometry  equiv2d fails: [out, *rest] does not step as [out, prod(rest)] (lr-scale instead when
                       one factor relates the two runs' orthogonalized parts: fans from the unflattened shape)
-  shard-local         layout fails: the distributed step differs from the target's single-process step;
-                      something is computed per shard (orthogonalization, padding, ownership)
+  shard-local         layout fails: the distributed step differs from the target's single-process step
   non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
   normaliser-eps      scale fails alone, or reference fails while scale holds, or both fail and the error
-                      shrinks by more than EPS_SHRINK at gradients x 2^10, or (bf16) rescale fails: an error
-                      that vanishes at scale is the normaliser's eps
-  the bf16-robust checks, where reference holds: probe (weight-decay), rescale (normaliser-eps), rows
-                      (per-row-state), spectrum (orthogonalizer), norm (weight-decay along the parameter,
-                      else lr-scale), drift (momentum)
-  then the structure of the error (harness/judging/structure.py), single-process or gathered over a layout:
+                      shrinks by more than EPS_SHRINK at gradients x 2^10
+  the bf16-robust checks, where reference holds: probe (weight-decay), rescale (normaliser-eps; momentum where
+                      the scaled run repeats the first step and not a later one), rows (per-row-state),
+                      spectrum (orthogonalizer), norm (weight-decay along the parameter, else lr-scale),
+                      drift (momentum)
+  then the structure of the error (harness/judging/structure.py), single-process or gathered over a layout
+  (a failing local_shard alone is no evidence of sharding: a piece of a wrong step is wrong):
   normaliser-eps      the error shrinks by more than EPS_SHRINK in the run with gradients x 2^10
+  shard-local         a distributed megabatch whose members' steps are other members' reference steps (the
+                      exchange hands updates to the wrong members; members-mixed in one process)
+  orthogonalizer      the judged steps are under SCALE_OFF x the reference's: every factor model fits them,
+                      so none is named
   weight-decay        the error lies along the parameter, or the step is (1 - lr wd) x the reference's
   lr-scale            the step is the reference's times one constant (>= 1% off), or each step its own factor
   per-row-state       one factor per output row explains the error (NorMuon's row statistics)
+  flattened-geometry  one factor per row of the unflattened kernel's trailing slices explains it (statistics
+                      of the kernel slices where the flattened matrix is declared)
+  shard-local         a case sharded along one dim: each rank's piece is the orthogonalization of its own piece
+                      of the direction, up to one factor per row
   momentum            the first step is within its tolerance and the error grows over the later ones
   orthogonalizer      none of the above: the orthogonalized matrix itself differs
 
@@ -154,11 +162,20 @@ def _flattened(case: Case, declared: Declared, judged: Judged) -> str:
     return "flattened-geometry: equiv2d fails; [out, *rest] does not step as [out, prod(rest)]"
 
 
-def _from_structure(case: Case, s: Structure, checks: dict[str, Record]) -> str:
+def _from_structure(case: Case, s: Structure) -> str:
     errors = ", ".join(f"{e:.2g}" for e in s.errors)
     if s.shrink is not None and s.shrink > EPS_SHRINK:
         return (f"normaliser-eps: the error shrinks {s.shrink:.3g}x when the gradients grow 2^10; an error "
                 f"that vanishes at scale is the normaliser's eps")
+    if s.swaps and s.swapped is not None and s.swapped < EXPLAINED:
+        matched = (f"{s.swaps} member step(s) are another member's reference update (what is left of the error "
+                   f"{s.swapped:.0%})")
+        if case.world_size > 1:
+            return f"shard-local: {matched}: the distributed exchange hands updates to the wrong members"
+        return f"members-mixed: {matched}: updates land on the wrong members of the megabatch"
+    if abs(s.factor) < SCALE_OFF:
+        return _unexplained(f"the judged steps are {s.factor:.2g} x the reference's: they barely move "
+                            f"the parameter its way, so every factor model fits and none is named")
     if s.along_param > 0.5:
         return f"weight-decay: the error lies along the parameter (|cos| {s.along_param:.2f}); errors per step {errors}"
     decay = case.lr * case.weight_decay
@@ -180,9 +197,18 @@ def _from_structure(case: Case, s: Structure, checks: dict[str, Record]) -> str:
         return (f"flattened-geometry: one factor per row of the unflattened kernel's trailing slices explains "
                 f"{1 - s.kernel_row_left:.0%} of the error, one per output row {1 - s.row_left:.0%}: statistics "
                 f"of the [..., {case.shape[-2]}, {case.shape[-1]}] slices where the flattened matrix is declared")
+    if s.shard_left is not None and s.beyond_noise(s.shard_left) < EXPLAINED:
+        return (f"shard-local: each rank's piece of the update is the orthogonalization of its own piece of the "
+                f"direction, up to one factor per row (that model leaves {s.shard_left:.0%} of the error): the "
+                f"step is computed per shard")
     if len(s.errors) > 1 and s.first_ok is not False and s.errors[0] < 0.25 * max(s.errors[1:]):
         return f"momentum: step 1 is within its tolerance, the error grows over the steps ({errors})"
-    return f"orthogonalizer: the orthogonalized update itself differs (errors per step {errors})"
+    return _unexplained(f"errors per step {errors}")
+
+
+def _unexplained(evidence: str) -> str:
+    """No model of the error's shape explains it: the orthogonalized update itself differs."""
+    return f"orthogonalizer: the orthogonalized update itself differs ({evidence})"
 
 
 def diagnose(case: Case, declared: Declared, records: list[Record], judged: Judged) -> str:
@@ -229,7 +255,7 @@ def _diagnose(case: Case, declared: Declared, checks: dict[str, Record], judged:
         found = _from_robust(case, checks, judged)
         if found:
             return found
-    return _from_structure(case, s or _structure(case, declared, judged), checks)
+    return _from_structure(case, s or _structure(case, declared, judged))
 
 
 def annotate(case: Case, target: Target, records: list[Record], judged: Judged) -> list[Record]:

@@ -13,6 +13,14 @@ err = dX - dref per member and step (dX the judged step, dref the reference's), 
   kernel_row_left  a flattened 3-D+ parameter whose trailing dim has KERNEL_ROW_MIN entries or more: the error
                 left after one factor per row of its unflattened trailing slices (None elsewhere)
   along_param   mean |<err, x>| / (||err|| ||x||) over the steps
+  swapped       a megabatch: ||O - O_ref[j]|| / ||O - O_ref|| over the run, where O is each member's judged
+                orthogonalized part (orthogonal_part) and O_ref[j] the reference's of the member j whose is
+                nearest at that step; swaps: how many (member, step) pairs match another member's best
+                (None and 0 for one member)
+  shard_left    a case sharded along one dim of a non-selecting algorithm: the error left, relative to the
+                error of the orthogonalized parts (O - O_ref), after modelling each rank's piece of O as the
+                declared orthogonalization of its own piece of the direction alone (the matrices of that
+                piece), one factor per row of its matrices: a step computed per shard (None elsewhere)
   shrink        error / the same of the run with gradients x 2^10 (scale invariance leaves ~1, a normaliser's
                 additive eps makes it large); None where no check made that run
   error         ||err|| / ||dref||
@@ -33,6 +41,7 @@ import numpy as np
 import torch
 
 from cases import Case
+from cases.layouts import regions, shard_dim
 from harness.algorithms import algorithm
 from harness.judging.checks import SCALE_FACTOR, reference_steps
 from harness.judging.judged import Judged
@@ -43,7 +52,7 @@ from harness.policy import tolerance
 from harness.policy.bounds import RELATION_ULPS, STORAGE_ULPS
 from harness.running.inputs import Inputs, f64, make_inputs
 from harness.targets.base import Target
-from oracles import Conventions, lr_scale, matrix_view
+from oracles import Conventions, lr_scale, matrix_view, orthogonalize
 from oracles.dion2_reference import selects_rows
 from oracles.rounding import ulp
 
@@ -88,6 +97,9 @@ class Structure:
     error: float
     noise: float
     selection: int = 0
+    swapped: float | None = None
+    swaps: int = 0
+    shard_left: float | None = None
 
     def beyond_noise(self, left: float) -> float:
         """`left` (a fraction of the error a model leaves) less, in quadrature, the fraction a correct
@@ -195,6 +207,7 @@ def structure(case: Case, declared: Declared, judged: Judged) -> Structure:
             kernel_left_sq += _rows_left(step, ref, step.size // case.shape[-1])
         if selects:
             selection += moved_slices(case, conv, x_prev, x_new, x_ref)
+    swapped, swaps = _swapped(case, conv, steps) if case.megabatch > 1 else (None, 0)
     if selects and margins and algorithm(case).ill_posed(case, min(margins)):
         selection = 0  # a tie: either slice is a correct selection
     factor = num / den if den else math.nan
@@ -214,7 +227,55 @@ def structure(case: Case, declared: Declared, judged: Judged) -> Structure:
                      factor_left=left(left_sq), along_param=float(np.mean(along)) if along else 0.0,
                      row_left=left(row_left_sq), kernel_row_left=left(kernel_left_sq) if kernel_rows else None,
                      step_factors=step_factors, step_left=left(step_left_sq),
-                     shrink=shrink, error=rel, noise=math.sqrt(noise_sq / den) if den else 0.0, selection=selection)
+                     shrink=shrink, error=rel, noise=math.sqrt(noise_sq / den) if den else 0.0, selection=selection,
+                     swapped=swapped, swaps=swaps,
+                     shard_left=_shard_left(case, conv, inputs, steps))
+
+
+def _shard_left(case: Case, conv: Conventions, inputs: Inputs,
+                steps: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]) -> float | None:
+    """shard_left of Structure (`steps` as reference_steps yields them, member-major); None unless the layout
+    shards one dim into two or more non-empty pieces and the algorithm selects nothing."""
+    if shard_dim(case.layout) is None or algorithm(case).selects:
+        return None
+    boxes = [box for box in regions(case.layout, case.world_size, case.shape)
+             if all(b.start is None or b.stop > b.start for b in box)]
+    if len(boxes) < 2:
+        return None
+    directions = algorithm(case).directions(case, conv)
+    left_sq = own_sq = 0.0
+    for i in range(case.megabatch):
+        state = directions.initial
+        for k in range(case.steps):
+            state, mats = directions.step(state, f64(inputs.grads[k][i]))
+            u = np.asarray(mats).reshape(case.shape)
+            _, x_prev, x_new, x_ref = steps[i * case.steps + k]
+            judged, wanted = orthogonal_part(x_prev, x_new, case, conv), orthogonal_part(x_prev, x_ref, case, conv)
+            own_sq += float(np.sum((judged - wanted) ** 2))
+            for box in boxes:
+                piece = matrix_view(orthogonalize(u[box], conv.orthogonalizer, case.flatten), case.flatten)
+                mine = matrix_view(judged[box], case.flatten)
+                left_sq += _rows_left(mine, piece, mine.shape[0] * mine.shape[1])
+    return math.sqrt(left_sq / own_sq) if own_sq else 1.0
+
+
+def _swapped(case: Case, conv: Conventions, steps: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
+             ) -> tuple[float, int]:
+    """(swapped, swaps) of Structure: each member's judged orthogonalized part against every member's
+    reference one, step by step (`steps` as reference_steps yields them, member-major)."""
+    def parts(which: int) -> list[list[np.ndarray]]:
+        return [[orthogonal_part(step[1], step[which], case, conv) for step in steps[i * case.steps:(i + 1) * case.steps]]
+                for i in range(case.megabatch)]
+
+    judged, wanted = parts(2), parts(3)
+    nearest_sq = own_sq = 0.0
+    swaps = 0
+    for k in range(case.steps):
+        for i in range(case.megabatch):
+            gaps = [float(np.sum((judged[i][k] - wanted[j][k]) ** 2)) for j in range(case.megabatch)]
+            j = int(np.argmin(gaps))
+            nearest_sq, own_sq, swaps = nearest_sq + gaps[j], own_sq + gaps[i], swaps + (j != i)
+    return (math.sqrt(nearest_sq / own_sq) if own_sq else 1.0), swaps
 
 
 @dataclasses.dataclass(frozen=True)
