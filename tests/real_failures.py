@@ -163,15 +163,24 @@ def accuracy(scored: list[Scored]) -> tuple[int, int]:
     return sum(s.right for s in judged), len(judged)
 
 
+CATALOG_SOURCES = ("catalog", "layouts")
+"""The sources whose entries are the selftest catalog's defects (their labels are the catalog's expected ones);
+the others are the real implementations' failures."""
+
+
 def render(scored: list[Scored]) -> str:
+    """Accuracy per source, over the real failures and over the catalog's defects, then each wrong label."""
     lines = []
-    for source in dict.fromkeys(s.entry.source for s in scored):
-        part = [s for s in scored if s.entry.source == source]
+
+    def line(name: str, part: list[Scored]) -> None:
         right, total = accuracy(part)
-        lines.append(f"{source:22} {right}/{total} right" + (f" ({len(part) - total} with a stated reason)"
-                                                            if len(part) > total else ""))
-    right, total = accuracy(scored)
-    lines.append(f"{'all':22} {right}/{total} right")
+        lines.append(f"{name:22} {right}/{total} right" + (f" ({len(part) - total} with a stated reason)"
+                                                          if len(part) > total else ""))
+
+    for source in dict.fromkeys(s.entry.source for s in scored):
+        line(source, [s for s in scored if s.entry.source == source])
+    line("real failures", [s for s in scored if s.entry.source not in CATALOG_SOURCES])
+    line("catalog defects", [s for s in scored if s.entry.source in CATALOG_SOURCES])
     for s in scored:
         if not s.explained:
             lines.append(f"WRONG {s.entry.source} {s.entry.target} {s.entry.case_id}: want "

@@ -339,6 +339,16 @@ def _rank_one(case: Case) -> str | None:
     return None
 
 
+def _every_slice_selected(case: Case) -> str | None:
+    """Why an error-feedback mask defect shows as momentum alone where the top-k keeps every slice."""
+    m, n = matrix_dims(case.shape, case.flatten)
+    slices = m if selects_rows(case.shape, case.flatten, rows_only=case.optimizer == "nordion2") else n
+    if case.fraction is None or math.ceil(case.fraction * slices) < slices:
+        return None
+    return (f"the top-k keeps all {slices} slice(s) of the matrix here: no slice is unselected, so the inverted "
+            f"mask only leaves the error feedback undecayed, state that no selection evidence can name")
+
+
 def _short_rows(case: Case) -> str | None:
     """Why a NorMuon row-statistics defect cannot be told from other state on short matrix rows."""
     fan_in = matrix_dims(case.shape, case.flatten)[1] if case.flatten or len(case.shape) == 2 else case.shape[-1]
@@ -459,7 +469,8 @@ CATALOG: tuple[Defect, ...] = (
            "flatten=True)"),
     Defect("dion2-ef-unselected", dion2_controls.ef_unselected, "selection",
            lambda c: _selecting(c) and c.steps > 1,
-           "error feedback decays the unselected slices instead of the selected (mask inverted)"),
+           "error feedback decays the unselected slices instead of the selected (mask inverted)",
+           ambiguous=_every_slice_selected),
     Defect("dion2-submatrix-lr", dion2_controls.submatrix_lr, "lr-scale",
            lambda c: _selecting(c) and c.adjust_lr != "none",
            "adjust_lr computed on the selected submatrix [k, n] instead of the full matrix view"),
