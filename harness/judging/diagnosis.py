@@ -28,9 +28,10 @@ Rules, first match wins (each names its evidence in the line it writes):
   normaliser-eps      the error shrinks by more than EPS_SHRINK in the run with gradients x 2^10
   shard-local         a distributed megabatch whose members' steps are other members' reference steps (the
                       exchange hands updates to the wrong members; members-mixed in one process)
-  orthogonalizer      the judged steps are under SCALE_OFF x the reference's: every factor model fits them,
-                      so none is named
   weight-decay        the error lies along the parameter, or the step is (1 - lr wd) x the reference's
+  the judged steps under SCALE_OFF x the reference's (every factor model fits them): shard-local on several
+                      ranks (the exchange lost the update), normaliser-eps under tiny gradients (a
+                      scale-invariant step keeps its size), else orthogonalizer
   lr-scale            the step is the reference's times one constant (>= 1% off), or each step its own factor
   per-row-state       one factor per output row explains the error (NorMuon's row statistics)
   flattened-geometry  one factor per row of the unflattened kernel's trailing slices explains it (statistics
@@ -173,15 +174,14 @@ def _from_structure(case: Case, s: Structure) -> str:
         if case.world_size > 1:
             return f"shard-local: {matched}: the distributed exchange hands updates to the wrong members"
         return f"members-mixed: {matched}: updates land on the wrong members of the megabatch"
-    if abs(s.factor) < SCALE_OFF:
-        return _unexplained(f"the judged steps are {s.factor:.2g} x the reference's: they barely move "
-                            f"the parameter its way, so every factor model fits and none is named")
     if s.along_param > 0.5:
         return f"weight-decay: the error lies along the parameter (|cos| {s.along_param:.2f}); errors per step {errors}"
     decay = case.lr * case.weight_decay
     if s.factor_left < EXPLAINED and decay > 0 and abs(s.factor - (1.0 - decay)) < 0.1 * decay:
         return (f"weight-decay: the step is (1 - lr wd) = {s.factor:.6g} x the reference's: decay applied "
                 f"after the update")
+    if abs(s.factor) < SCALE_OFF:
+        return _vanished(case, s.factor)
     scaled = _constant_factor(s)
     if scaled:
         return scaled
@@ -204,6 +204,19 @@ def _from_structure(case: Case, s: Structure) -> str:
     if len(s.errors) > 1 and s.first_ok is not False and s.errors[0] < 0.25 * max(s.errors[1:]):
         return f"momentum: step 1 is within its tolerance, the error grows over the steps ({errors})"
     return _unexplained(f"errors per step {errors}")
+
+
+def _vanished(case: Case, factor: float) -> str:
+    """The judged steps are under SCALE_OFF x the reference's, so every factor model fits them: a distributed
+    step that loses its update (ownership, padding, gather), a step that is not scale invariant at the tiny
+    gradients' scale (the normaliser's eps), else no model is named."""
+    moved = f"the judged steps are {factor:.2g} x the reference's: the update vanishes"
+    if case.world_size > 1:
+        return f"shard-local: {moved} on {case.world_size} ranks, where one process's orthogonalized step would not"
+    if case.grad == "tiny":
+        return (f"normaliser-eps: {moved} under tiny gradients, where a scale-invariant step keeps its size: an "
+                f"additive constant in the normaliser dominates")
+    return _unexplained(f"{moved}, so every factor model fits it and none is named")
 
 
 def _unexplained(evidence: str) -> str:
