@@ -13,7 +13,7 @@ first), each a median of --reps by CUDA events, and prints a row per (m, product
 kernel's speedup. Its crossover line names the smallest m of ROWS from which the kernel is at least as fast on
 every product (and on every larger m): the value for symmetric.TRITON_ROWS.
 
---elementwise: for each launch size n of NUMELS (a megabatch of 4 fp32 parameters of n / 4 elements each),
+--elementwise: for each launch size n of NUMELS (a megabatch of 4 fp32 matrices of n / 4 elements each, COLS wide),
 times the torch passes against the fused kernels (optimizers/elementwise_triton.py) for the momentum
 (M <- mu M + G: two torch._foreach_* passes), the apply (X <- X decay + alpha O: two foreach passes) and
 the normaliser's divide into bf16 (torch.div into a bf16 output), as a step issues them: the wall time of --reps
@@ -134,6 +134,11 @@ def products(rows: tuple[int, ...], work: int, reps: int, device: torch.device, 
     return found
 
 
+COLS = 1024
+"""Columns of the matrices the elementwise rows launch over (4 matrices of n / (4 COLS) x COLS): a step's
+parameters are matrices, and the apply kernel walks their rows."""
+
+
 def passes(numels: tuple[int, ...], reps: int, device: torch.device) -> int | None:
     """Print the --elementwise rows; return the crossover launch size."""
     print("| elements | pass | torch ms | kernels ms | kernels speedup |")
@@ -142,12 +147,13 @@ def passes(numels: tuple[int, ...], reps: int, device: torch.device) -> int | No
     for n in numels:
         gen = torch.Generator(device=device).manual_seed(n)
         each = max(1, n // 4)
+        rows, cols = (each // COLS, COLS) if each % COLS == 0 else (1, each)  # parameters as a step holds them
         bufs = [torch.randn(each, generator=gen, device=device) for _ in range(4)]
         grads = [torch.randn(each, generator=gen, device=device) for _ in range(4)]
-        xs = [b.clone().reshape(1, each) for b in bufs]
-        matrices = torch.randn(4, 1, each, generator=gen, device=device)
+        xs = [b.clone().reshape(rows, cols) for b in bufs]
+        matrices = torch.randn(4, rows, cols, generator=gen, device=device)
         updates = list(matrices.unbind(0))
-        x = torch.randn(4, 1, each, generator=gen, device=device)
+        x = torch.randn(4, rows, cols, generator=gen, device=device)
         d = torch.rand(4, 1, 1, generator=gen, device=device) + 1.0
         group = {"lr": 0.02, "weight_decay": 0.1}
         half = torch.float16 if device.type == "cpu" else torch.bfloat16  # the interpreter truncates to bf16

@@ -62,7 +62,20 @@ EVERY_ORTHOGONALIZER = ORTHOGONALIZERS + (GRAM,)
 ORTH_TOKENS = {"newton_schulz": "ns", "polar_express": "pe", "svd": "svd", GRAM: "gns", NO_ORTHOGONALIZER: "none"}
 ADJUST_LR = ("spectral_norm", "rms_norm", "none")
 GRADIENTS = ("gaussian", "lowrank", "rankdef", "zero", "tiny", "huge")
-DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge")
+EXTREME_GRADIENT = "extreme"
+"""Gaussian gradients scaled to EXTREME_HEADROOM binades below the parameter dtype's largest finite power of two
+(cases/data.py): a normaliser that squares before scaling overflows there. Not an axis of the covering arrays:
+written cases (cases/tiers.py) of every matrix algorithm."""
+EXTREME_HEADROOM = 20
+"""Binades left between an extreme gradient and overflow: a momentum sums at most 1 / (1 - 0.9) = 10 of them
+(2^4), a Nesterov direction adds one more; judged by `reference` (the FP64 oracle, its normaliser's eps
+modelled exactly) and `finite`."""
+NONFINITE_GRADIENT = "nonfinite"
+"""Gaussian gradients with one NaN element in the first member's last gradient (cases/data.py): judged only by
+the `nonfinite` check, against the one documented policy of every algorithm (optimizers/algorithms/base.py, as
+torch.optim's): the NaN reaches that parameter in the step it arrives, the other members step as without it.
+Not an axis of the covering arrays: written cases (cases/tiers.py)."""
+DEGENERATE_GRADIENTS = ("rankdef", "zero", "tiny", "huge", EXTREME_GRADIENT)
 VECTOR_GRADIENTS = ("gaussian", "zero", "tiny", "huge")
 """The gradient kinds of a 1-D parameter (no matrix view: no rank to set)."""
 FRACTIONS = (0.25, 0.5, 1.0)

@@ -60,7 +60,8 @@ class Case:
         allowed = {"layer": tuple(axes.known_layers()), "param_dtype": axes.DTYPES,
                    "compute_dtype": axes.DTYPES,
                    "orthogonalizer": axes.EVERY_ORTHOGONALIZER + (axes.NO_ORTHOGONALIZER,),
-                   "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS, "optimizer": algorithms.names()}
+                   "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS + (axes.EXTREME_GRADIENT, axes.NONFINITE_GRADIENT),
+                   "optimizer": algorithms.names()}
         for name, values in allowed.items():
             if getattr(self, name) not in values:
                 raise ValueError(f"Case.{name}={getattr(self, name)!r}; expected one of {values}")
@@ -112,6 +113,9 @@ class Case:
             if not plain:
                 raise ValueError(f"Case: {self.optimizer} is elementwise: orthogonalizer none, adjust_lr none, no "
                                  f"Nesterov, no flatten, and compute in the parameter's dtype ({self})")
+            if self.grad == axes.EXTREME_GRADIENT:
+                raise ValueError(f"Case: {self.optimizer} squares its gradients, which overflows at extreme ones in "
+                                 f"any implementation (torch.optim.AdamW's too): no {axes.EXTREME_GRADIENT} gradients")
         elif self.orthogonalizer == axes.NO_ORTHOGONALIZER or self.layer in axes.VECTOR_LAYERS:
             raise ValueError(f"Case: {self.optimizer} orthogonalizes matrices: it needs an orthogonalizer and a "
                              f"matrix or convolution layer, not {self.layer} with {self.orthogonalizer}")

@@ -12,6 +12,9 @@ Gradient kinds, built on the case's matrix view (flattened or trailing matrices)
   zero      all zeros
   tiny      gaussian * 1e-10 (the normaliser's eps dominates)
   huge      gaussian * 1e10
+  extreme   gaussian * 2^(emax - axes.EXTREME_HEADROOM), emax the largest binade of the parameter's dtype
+            (2^107, about 1.6e32, for fp32 and bf16; 2^1003, about 8.6e301, for fp64)
+  nonfinite gaussian, with element 0 of member 0's last gradient NaN
 """
 
 from __future__ import annotations
@@ -20,10 +23,17 @@ import math
 
 import numpy as np
 
-from cases.axes import PARAM_SCALE
+from cases.axes import EXTREME_GRADIENT, EXTREME_HEADROOM, NONFINITE_GRADIENT, PARAM_SCALE
 from cases.case import Case
 
 _SCALES = {"tiny": 1e-10, "huge": 1e10}
+_EMAX = {"fp64": 1023, "fp32": 127, "bf16": 127, "fp16": 15}
+"""The largest binade of each parameter dtype (its largest finite value is below 2^(emax + 1))."""
+
+
+def extreme_scale(param_dtype: str) -> float:
+    """The factor of an extreme gradient of a `param_dtype` parameter: an exact power of two."""
+    return 2.0 ** (_EMAX[param_dtype] - EXTREME_HEADROOM)
 _INIT_STREAM = 10_000
 
 
@@ -57,6 +67,13 @@ def gradient(case: Case, member: int, step: int) -> np.ndarray:
     if case.grad in ("lowrank", "rankdef"):
         b, m, n = matrix_shape(case.shape, case.flatten)
         return _spectrum(rng, b, m, n, lowrank=case.grad == "lowrank").reshape(case.shape) * math.sqrt(m * n)
+    if case.grad == EXTREME_GRADIENT:
+        return rng.standard_normal(case.shape) * extreme_scale(case.param_dtype)
+    if case.grad == NONFINITE_GRADIENT:
+        g = rng.standard_normal(case.shape)
+        if member == 0 and step == case.steps - 1:
+            g.flat[0] = np.nan
+        return g
     return rng.standard_normal(case.shape) * _SCALES.get(case.grad, 1.0)
 
 

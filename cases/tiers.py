@@ -188,7 +188,7 @@ def _gpu_fast_paths() -> Iterator[Case]:
     HALF_ITERATES) and fp32, wide, tall and a flattened conv, a megabatch of 2 (stacked blocks), bf16
     parameters, and 2 steps where CUDA graphs capture (a plan captures at its second step, which replays).
     Gaussian gradients keep the bf16 references well posed (condition ~6); one fp32 case is low-rank. Kept
-    to 11 member-steps: each costs FP64 SVDs of 2048 x 4096 on the host."""
+    to 12 member-steps: each costs FP64 SVDs of 2048 x 4096 on the host."""
     def case(layer, mb, pd, cd, orth, adjust_lr, nesterov, wd, steps, grad):
         return Case(layer=layer, megabatch=mb, flatten=len(axes.GPU_LAYERS[layer][1]) > 2, param_dtype=pd,
                     compute_dtype=cd, orthogonalizer=orth, adjust_lr=adjust_lr, nesterov=nesterov, weight_decay=wd,
@@ -199,6 +199,43 @@ def _gpu_fast_paths() -> Iterator[Case]:
     yield case("conv2d_gpu", 1, "fp32", "fp32", axes.GRAM, "spectral_norm", False, 0.1, 1, "gaussian")
     yield case("linear_gpu_tall", 2, "fp32", "fp32", "polar_express", "none", True, 0.0, 1, "lowrank")
     yield case("conv2d_gpu", 1, "bf16", "bf16", "polar_express", "rms_norm", True, 0.0, 1, "gaussian")
+    # Gram NS on an fp32 megabatch without Nesterov: with the fused momentum launch (fused=None on CUDA with
+    # triton), its normaliser divides by the norms that launch forms (optimizers/elementwise.py)
+    yield case("linear_gpu", 2, "fp32", "bf16", axes.GRAM, "spectral_norm", False, 0.0, 1, "gaussian")
+
+
+_EXTREME_DTYPES = (("fp32", "fp32", "polar_express"), ("fp32", "bf16", "newton_schulz"), ("bf16", "bf16", axes.GRAM),
+                   ("fp64", "fp64", "polar_express"), ("fp64", "fp32", "svd"))
+
+
+def _extreme_gradients() -> Iterator[Case]:
+    """Gradients near each parameter dtype's range (axes.EXTREME_GRADIENT) for every matrix algorithm: every
+    orthogonalizer's normaliser, each compute dtype, a megabatch of two over two steps (the momentum sums them)."""
+    for entry in algorithms.registry():
+        if entry.elementwise:
+            continue
+        for pd, cd, orth in _EXTREME_DTYPES:
+            yield Case(layer="linear", megabatch=2, flatten=False, param_dtype=pd, compute_dtype=cd,
+                       orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=not entry.selecting, weight_decay=0.1,
+                       steps=2, grad=axes.EXTREME_GRADIENT, optimizer=entry.name,
+                       fraction=0.5 if entry.selecting else None)
+
+
+_NONFINITE_DTYPES = (("fp32", "fp32", "polar_express"), ("bf16", "bf16", "newton_schulz"), ("fp64", "fp64", "svd"),
+                     ("fp32", "bf16", axes.GRAM))
+
+
+def _nonfinite_gradients() -> Iterator[Case]:
+    """A NaN gradient element (axes.NONFINITE_GRADIENT) for every matrix algorithm and orthogonalizer: member 0's
+    last gradient, in a megabatch of two over two steps (the other member must step as it does alone)."""
+    for entry in algorithms.registry():
+        if entry.elementwise:
+            continue
+        for pd, cd, orth in _NONFINITE_DTYPES:
+            yield Case(layer="linear", megabatch=2, flatten=False, param_dtype=pd, compute_dtype=cd,
+                       orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=not entry.selecting, weight_decay=0.1,
+                       steps=2, grad=axes.NONFINITE_GRADIENT, optimizer=entry.name,
+                       fraction=0.5 if entry.selecting else None)
 
 
 def algorithm_generators(tier: str) -> list[Callable[[], Iterable[Case]]]:
@@ -212,13 +249,17 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
            lambda: _gram_newton_schulz(axes.LAYERS, (("fp64", "fp64"), ("fp32", "fp32"), ("bf16", "bf16")), 2),
            lambda: _gram_peers(axes.LAYERS),
            *algorithm_generators("ci"),
-           _tensor_parallel_ci],
+           _tensor_parallel_ci,
+           _extreme_gradients,
+           _nonfinite_gradients],
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
                 lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
                 lambda: _gram_peers(axes.all_layers()),
                 *algorithm_generators("nightly"),
-                lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big"))],
+                lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big")),
+                _extreme_gradients,
+                _nonfinite_gradients],
     "gpu": [_gpu_fast_paths],
 }
 """What each tier is the union of; nightly also contains the whole CI tier; gpu holds only its own cases

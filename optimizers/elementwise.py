@@ -16,12 +16,11 @@ from optimizers.kernels import Kernels
 from optimizers.launches import on_device
 from optimizers.optional import interpreted, triton_module
 
-MIN_NUMEL = 1 << 22
-"""Elements of one launch from which it takes the fused kernels under fused=None (optimizers/kernels.py): with
-fewer the launch costs the host more than its passes save (ConvNeXt-T's many small megabatches, host-bound, took
-3.75 ms a step without the kernels and 5.07 ms with them for every megabatch, on an H200). To be measured by
-`benchmarks/kernel_thresholds.py --elementwise`, whose crossover line names the launch size from which the
-kernels win."""
+MIN_NUMEL = 1 << 23
+"""Elements of one launch from which it takes the fused kernels under fused=None (optimizers/kernels.py): the
+crossover `benchmarks/kernel_thresholds.py --elementwise` measured on an H200 (torch 2.11, triton 3.6), from
+which the momentum, apply and divide kernels are each at least as fast as the torch passes (1.34x, 1.20x and
+1.20x at 2^23 elements; 0.47x, 0.50x and 0.63x at 2^22, where a launch costs the host more than it saves)."""
 
 
 def triton_kernels() -> ModuleType | None:

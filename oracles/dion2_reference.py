@@ -37,7 +37,7 @@ import numpy as np
 from oracles.conventions import Conventions
 from oracles.muon_reference import apply_update, axpby, held_coefficient, matrix_view, orthogonalize
 from oracles.normuon_reference import restore_block_norms
-from oracles.rounding import round_to, stored
+from oracles.rounding import round_direction, round_to, stored
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def selected_direction(m: np.ndarray, g: np.ndarray, hyper: Dion2Hyper, conv: Co
         view, out = (mat, update[b]) if on_rows else (mat.T, update[b].T)
         idx, mg = select(np.abs(view).sum(axis=1), hyper.fraction, blocks)
         sub = view[idx]
-        inputs.append(round_to(sub, conv.compute_dtype))
+        inputs.append(round_direction(sub, conv.compute_dtype))
         out[idx] = orthogonalize(inputs[-1][None], conv.orthogonalizer, False)[0]
         view[idx] = stored(ef_decay * sub, held)
         rows.append(idx)

@@ -21,7 +21,7 @@ from typing import NamedTuple, Union
 import numpy as np
 
 from oracles.conventions import Conventions, Orthogonalizer, lr_scale
-from oracles.rounding import opmath, round_to, stored
+from oracles.rounding import opmath, round_direction, round_to, stored
 from oracles.spectral import condition_number, polar_factor, spectral_map
 
 
@@ -142,7 +142,7 @@ def orthogonalized_direction(m: Momentum, g: np.ndarray, hyper: MuonHyper,
     """(new momentum, O = orth(round_compute(U))) of one parameter; with stochastic rounding
     the reference is its expectation, orth(U)."""
     m, u = momentum_and_direction(m, g, hyper, conv)
-    rounded = round_to(u, conv.compute_dtype) if conv.rounding == "nearest" else u
+    rounded = round_direction(u, conv.compute_dtype) if conv.rounding == "nearest" else u
     return m, orthogonalize(rounded, conv.orthogonalizer, hyper.flatten)
 
 

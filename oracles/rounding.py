@@ -43,6 +43,19 @@ def round_to(x: np.ndarray, fmt: str) -> np.ndarray:
     return single.astype(np.float64)
 
 
+def round_direction(x: np.ndarray, fmt: str) -> np.ndarray:
+    """`x` rounded to `fmt`'s precision as an orthogonalizer's input is: scaled by the power of two that puts
+    its largest |entry| in [0.5, 1), rounded, scaled back. The rounding of every entry is `round_to`'s wherever
+    that neither overflows nor leaves the normal range; a direction beyond `fmt`'s range (fp64 gradients near
+    1e300 computed in fp32) keeps its values, as the exact scaling of a normaliser keeps them."""
+    x = np.asarray(x, dtype=np.float64)
+    peak = float(np.max(np.abs(x))) if x.size else 0.0
+    if peak == 0.0 or not np.isfinite(peak):
+        return round_to(x, fmt)
+    shift = -int(np.frexp(peak)[1])
+    return np.ldexp(round_to(np.ldexp(x, shift), fmt), -shift)
+
+
 OPMATH = {"bf16": "fp32", "fp16": "fp32"}
 """The format torch computes an elementwise op on tensors of a 16-bit format in, and holds a Python
 scalar operand (a momentum coefficient) in: fp32 ("opmath"), on CPU and CUDA alike; the result is

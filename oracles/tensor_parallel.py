@@ -22,7 +22,7 @@ import numpy as np
 
 from oracles.conventions import Conventions, Orthogonalizer
 from oracles.muon_reference import MuonHyper, Momentum, apply_update, momentum_and_direction, orthogonalize
-from oracles.rounding import round_to
+from oracles.rounding import round_direction
 
 MODES = ("gather", "per_shard")
 
@@ -98,7 +98,7 @@ def reference_tp_muon_step(x: np.ndarray, m: Momentum, g: np.ndarray, hyper: Muo
     weight (elementwise, so layout free), O = orth_tp(round_compute(U)), and the lr scale of the whole
     weight, or of one head block [rows / num_heads, in] with heads: the TP mode changes O only."""
     m, u = momentum_and_direction(m, g, hyper, conv)
-    rounded = round_to(u, conv.compute_dtype) if conv.rounding == "nearest" else u
+    rounded = round_direction(u, conv.compute_dtype) if conv.rounding == "nearest" else u
     o = orth_tp(rounded, conv.orthogonalizer, mode, dim, tp, num_heads)
     shape = None if num_heads is None else (x.shape[0] // num_heads, x.shape[1])
     return apply_update(np.asarray(x, dtype=np.float64), o, hyper, conv, shape), m

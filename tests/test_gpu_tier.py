@@ -16,10 +16,17 @@ SMALL = "muon/linear-12x20/mb2/noflat/fp32@bf16/pe/spectral_norm/nesterov/wd0.1/
 def test_the_gpu_tier_is_new_ids_only():
     """Additive: no GPU-tier id is a CI or nightly id, every one parses back, and no other tier holds a GPU layer."""
     ids = [c.id for c in GPU]
-    assert len(set(ids)) == len(ids) == 6
+    assert len(set(ids)) == len(ids) == 7
     assert not set(ids) & {c.id for c in tier("nightly")}
     assert all(Case.from_id(i).id == i for i in ids)
     assert not any(c.layer in axes.GPU_LAYERS for c in tier("nightly"))
+
+
+def test_a_gpu_case_reaches_the_norms_of_the_momentum_launch():
+    """Gram NS divides by the norms the fused momentum launch forms where that launch runs: fp32 parameters,
+    no Nesterov (the launch's buffer is the direction), a megabatch of two or more (a stacked launch)."""
+    assert any(c.orthogonalizer == axes.GRAM and c.param_dtype == "fp32" and not c.nesterov and c.megabatch >= 2
+               for c in GPU)
 
 
 def test_every_gpu_case_engages_the_split_symmetric_products():
@@ -54,7 +61,7 @@ def test_ours_triton_runs_only_where_the_kernel_engages():
     fp32 = next(c for c in GPU if c.compute_dtype == "fp32")
     assert "bf16/fp16 symmetric products" in target.unsupported(fp32)
     bf16 = [c for c in GPU if c.compute_dtype == "bf16"]
-    assert len(bf16) == 4
+    assert len(bf16) == 5
     if not torch.cuda.is_available():
         assert all("no CUDA device visible" in target.unsupported(c) for c in bf16)
 

@@ -93,6 +93,16 @@ def test_a_value_judged_on_no_case_makes_the_run_thin():
     assert judgement(own, cases, records, ["cpu"], selected=True).thin == "", "a --select run is never thin"
 
 
+def test_a_whole_global_tier_smaller_than_the_minimum_is_not_thin():
+    """The gpu tier holds 7 cases: judging all of them is the whole tier, not too little; judging fewer is."""
+    own = target_tier("gpu", OursMuon())
+    cases = list(own.cases)
+    assert len(tier("gpu")) == len(cases) < MIN_JUDGED
+    assert judgement(own, cases, [_record(c, "pass") for c in cases], ["cuda"], selected=False).thin == ""
+    some = [_record(c, "pass") for c in cases[:-1]] + [_record(cases[-1], "skipped")]
+    assert f"fewer than {len(cases)}" in judgement(own, cases, some, ["cuda"], selected=False).thin
+
+
 def _harness(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
     (tmp_path / "tiny.py").write_text(TINY)
     env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}

@@ -13,7 +13,7 @@ from cases.layouts import piece_sizes, shard_dim
 from harness.algorithms import AlgorithmInfo, Directions, Oracle
 from oracles import Conventions, MuonHyper, reference_muon_step
 from oracles.muon_reference import matrix_view, momentum_and_direction
-from oracles.rounding import round_to
+from oracles.rounding import round_direction
 from oracles.tensor_parallel import piece_bounds, reference_tp_muon_step
 
 
@@ -71,8 +71,8 @@ def momentum_directions(case: Case, conv: Conventions) -> Directions:
     def step(m: Any, g: np.ndarray) -> tuple[Any, Any]:
         m, u = momentum_and_direction(m, g, hyper(case), conv)
         if case.tensor_parallel is not None:
-            return m, tp_matrices(round_to(u, conv.compute_dtype), case)
-        return m, matrix_view(round_to(u, conv.compute_dtype), case.flatten)
+            return m, tp_matrices(round_direction(u, conv.compute_dtype), case)
+        return m, matrix_view(round_direction(u, conv.compute_dtype), case.flatten)
     return Directions(np.zeros(case.shape), step)
 
 

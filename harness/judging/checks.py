@@ -7,7 +7,8 @@
   equiv2d    flatten=True: [out, *rest] steps as the 2-D [out, prod(rest)] parameter does
   fraction1  Dion2 / NorDion2 with fraction 1 step as Muon / NorMuon with momentum ef_decay
   scale      gradients x 2^10 vs the reference of the scaled run (the normaliser removes scale)
-  finite     degenerate gradients (zero, rank-deficient, tiny, huge) give finite parameters
+  finite     degenerate gradients (zero, rank-deficient, tiny, huge, extreme) give finite parameters
+  nonfinite  a NaN gradient element reaches its parameter, and no other (cases with nonfinite gradients only)
 """
 
 from __future__ import annotations
@@ -197,6 +198,37 @@ def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outco
     out = reference(case, target, scaled, run)
     return dataclasses.replace(out, check="scale", message=f"gradients x {SCALE_FACTOR:g}: {out.message}",
                                evidence=None, run=run)
+
+
+def nonfinite(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    """The documented non-finite policy of every algorithm (optimizers/algorithms/base.py, torch.optim's): a
+    NaN gradient element (member 0's, at the last step) reaches that member's parameter in that step, and
+    every other member steps as it does alone. A target that skips the step, zeroes the NaN or lets it
+    freeze or spread to other members fails."""
+    last = case.steps - 1
+    problems = []
+    if any(not torch.isfinite(traj[k][0]).all() for k in range(last)):
+        problems.append("member 0 was non-finite before its NaN gradient arrived")
+    if torch.isfinite(traj[last][0]).all():
+        problems.append(f"member 0 is finite after the step its NaN gradient arrived in (step {case.steps}): the "
+                        f"NaN was skipped or hidden, where the policy makes it visible")
+    spread = [i for i in range(1, case.megabatch) for k in range(case.steps) if not torch.isfinite(traj[k][i]).all()]
+    if spread:
+        problems.append(f"members {sorted(set(spread))} became non-finite: the NaN spread beyond its parameter")
+    if problems:
+        return Outcome("nonfinite", Metrics(math.nan, math.nan, math.nan, math.nan, math.inf), FINITENESS,
+                       "; ".join(problems))
+    if case.megabatch == 1:
+        return Outcome("nonfinite", Metrics(math.nan, math.nan, math.nan, math.nan, 0.0), FINITENESS,
+                       f"the NaN reached member 0 at step {case.steps}, as the policy says")
+    others = list(range(1, case.megabatch))
+    rest = Inputs([inputs.params[i] for i in others], [[step[i] for i in others] for step in inputs.grads],
+                  inputs.flatten)
+    alone = [target.run(*_args(inputs.member(i)), case) for i in others]
+    out = relation("nonfinite", case, target, rest, [[step[i] for i in others] for step in traj],
+                   [[alone[j][k][0] for j in range(len(others))] for k in range(case.steps)], exact=False)
+    return dataclasses.replace(out, message=f"the NaN reached member 0 at step {case.steps}, as the policy says; "
+                                            f"the other members against each stepped alone: {out.message}")
 
 
 def finite(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:

@@ -12,10 +12,11 @@ checks run and records are written.
   replicas     the replicated layout
   megabatch    one process, 2+ members                  equiv2d      one process, flatten of a 3-D+ layer
   fraction1    one process, an equivalent case exists   scale        one process, Gaussian gradients
-  finite       one process, degenerate gradients
+  finite       one process, degenerate gradients (extreme ones too)
   norm, probe  the bf16-robust checks (harness/judging/robust_checks.py `applies`); with them the
   spectrum, rows  algorithm's own (harness/algorithms: `robust_checks`), rescale (its gradient kinds)
   drift        and drift (long runs of an algorithm judged for drift)
+  nonfinite    one process, a NaN gradient element (the only check of such a case)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cases import Case
-from cases.axes import DEGENERATE_GRADIENTS
+from cases.axes import DEGENERATE_GRADIENTS, NONFINITE_GRADIENT
 from harness.algorithms import algorithm
 from harness.judging import checks, distributed_checks, robust_checks
 from harness.judging.distributed_checks import Pieces, gather
@@ -56,12 +57,16 @@ def _robust(rule: Callable[[Case], bool]) -> Callable[[Case, str], bool]:
     return lambda case, compute: robust_checks.applies(case, compute) and rule(case)
 
 
+def _finite_inputs(rule: Callable[[Case, str], bool]) -> Callable[[Case, str], bool]:
+    return lambda case, compute: case.grad != NONFINITE_GRADIENT and rule(case, compute)
+
+
 def _own(name: str) -> Callable[[Case], bool]:
     """The robust check `name` of the algorithms that name it as their own."""
     return lambda case: name in algorithm(case).robust_checks
 
 
-CHECKS: tuple[Check, ...] = (
+_FINITE_INPUT_CHECKS: tuple[Check, ...] = (
     Check("reference", lambda case, compute: True, distributed_checks.reference, "coefficient"),
     Check("local_shard", lambda case, compute: case.world_size > 1, distributed_checks.local_shard, "coefficient"),
     Check("layout", lambda case, compute: case.world_size > 1 and algorithm(case).layout_invariant(case),
@@ -82,6 +87,13 @@ CHECKS: tuple[Check, ...] = (
           _whole(robust_checks.rescale_check), "exact"),
     Check("drift", _robust(robust_checks.drift_applies), _whole(robust_checks.drift_check), "noise"),
 )
+
+CHECKS: tuple[Check, ...] = (
+    *(Check(c.name, _finite_inputs(c.applies), c.judge, c.policy) for c in _FINITE_INPUT_CHECKS),
+    Check("nonfinite", _single(lambda case: case.grad == NONFINITE_GRADIENT), _whole(checks.nonfinite), "exact"),
+)
+"""Every check in the order they run: those of finite gradients, then the non-finite policy's, which alone
+judges a case with a NaN gradient element (no oracle steps a NaN)."""
 
 BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}
 

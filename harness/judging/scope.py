@@ -5,7 +5,8 @@ anything.
          cases unsupported", N the cases with at least one check that passed, failed or errored (a case
          every check of which was skipped or unsupported judged nothing), K those checks, M the target's
          own tier (harness/running/selection.py), X the cases of the global tier its adapter refused.
-  thin   a whole tier (no --select) that judged fewer than MIN_JUDGED cases, or in which some axis value of
+  thin   a whole tier (no --select) that judged fewer than MIN_JUDGED cases (or, for a global tier smaller
+         than that, such as the gpu tier's, fewer than all of it), or in which some axis value of
          the cases the run's backends accept was judged on no case (every case with that value skipped): the
          verdict says so, and `python -m harness run` exits 1 unless --allow-thin.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from cases import Case
+from cases import Case, tier
 from cases.space import AXES, values_of
 from harness.running.backends import get as backend
 from harness.running.selection import TargetTier
@@ -52,8 +53,9 @@ def judgement(own: TargetTier, cases: Sequence[Case], records: Sequence[Record],
     if selected:
         return Judgement(scope, "")
     reasons = []
-    if len(judged) < MIN_JUDGED:
-        reasons.append(f"{len(judged)} cases judged, fewer than {MIN_JUDGED}")
+    least = min(MIN_JUDGED, len(tier(own.name)))
+    if len(judged) < least:
+        reasons.append(f"{len(judged)} cases judged, fewer than {least}")
     offered, seen = (set(), set()) if not accepted else (_values(accepted), _values(judged))
     missing = sorted(offered - seen, key=str)
     if missing:

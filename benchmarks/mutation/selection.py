@@ -1,0 +1,73 @@
+"""Each mutant's judges, chosen from the coverage map (reach.py).
+
+- numerical code: the single-process CI cases that execute the mutated line, cheapest first, at
+  most `max_cases`;
+- optimizer code that no single-process case and no unit test executes in-process (distributed
+  paths): the gloo cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code),
+  spread over the tier, at most `max_gloo`;
+- validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
+  most `max_tests` (the checkpoint checks are such tests).
+
+A line nothing executes gets no judge at all, and its mutants survive as unreached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from benchmarks.mutation.reach import Reach
+
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "optimizers/algorithms/muon.py": ("muon",),
+    "optimizers/algorithms/normuon.py": ("normuon",),
+    "optimizers/algorithms/dion2.py": ("dion2", "nordion2"),
+}
+"""The algorithms (first part of a case id, before any '-') whose gloo cases judge a module; a module
+not named here is shared by every algorithm."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The judges of one mutant, run in this order until one fails."""
+
+    cases: list[str] = field(default_factory=list)
+    gloo: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.cases or self.gloo or self.tests)
+
+    def union(self, other: "Plan") -> "Plan":
+        return Plan(*(sorted(set(a) | set(b)) for a, b in ((self.cases, other.cases), (self.gloo, other.gloo),
+                                                            (self.tests, other.tests))))
+
+
+def algorithm_of(case_id: str) -> str:
+    return case_id.split("/", 1)[0].split("-", 1)[0]
+
+
+def spread(items: list[str], limit: int) -> list[str]:
+    """At most `limit` of `items`, evenly spaced over the list (deterministic)."""
+    if len(items) <= limit:
+        return list(items)
+    return [items[i * len(items) // limit] for i in range(limit)]
+
+
+def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases: int, max_gloo: int,
+         max_tests: int) -> Plan:
+    """The judges of a mutant of `module` at `line` (see the module docstring); `gloo_cases` are the
+    distributed case ids of the CI tier, in tier order."""
+    cases = sorted(reach.cases(module, line), key=lambda c: (reach.case_seconds[c], c))[:max_cases]
+    tests = sorted(reach.tests(module, line), key=lambda t: (reach.test_seconds[t], t))[:max_tests]
+    gloo: list[str] = []
+    if not cases and not tests and module.startswith("optimizers/"):
+        wanted = ALGORITHMS.get(module)
+        gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
+    return Plan(cases, gloo, tests)
+
+
+def estimated_seconds(reach: Reach, p: Plan, gloo_seconds: float) -> float:
+    """The plan's cost as measured by the map (a gloo case at `gloo_seconds`)."""
+    return (sum(reach.case_seconds[c] for c in p.cases) + sum(reach.test_seconds[t] for t in p.tests)
+            + gloo_seconds * len(p.gloo))

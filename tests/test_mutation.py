@@ -1,0 +1,201 @@
+"""benchmarks/mutation: mutants named stably, judges chosen by what reaches a line, the reviewed list of
+equivalent mutants validated, the table's arithmetic, bad usage refused before any work, and one real
+mutant judged end to end (killed; the unmutated code, under the same judges, survives)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cosmic_ray", reason="the mutation extra: pip install -e '.[mutation]'")
+
+from benchmarks.mutation import equivalent, judge, selection, table, workers  # noqa: E402
+from benchmarks.mutation.__main__ import main  # noqa: E402
+from benchmarks.mutation.mutants import changed_lines, mutants  # noqa: E402
+from benchmarks.mutation.reach import Reach  # noqa: E402
+from benchmarks.mutation.session import Verdict  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY = "def f(x):\n    if x > 0:\n        return x + 1\n    return 0.5\n"
+
+
+def toy_mutants(tmp_path: Path, source: str = TOY):
+    (tmp_path / "pkg").mkdir(exist_ok=True)
+    (tmp_path / "pkg" / "toy.py").write_text(source)
+    return mutants("pkg/toy.py", tmp_path)
+
+
+def test_each_mutant_changes_one_place_and_is_named_by_it(tmp_path):
+    made = toy_mutants(tmp_path)
+    assert len(made) > 10
+    for m in made:
+        mutated = m.source(TOY)
+        assert mutated != TOY
+        assert changed_lines(TOY, mutated) == (m.line, m.before, m.after)
+        assert m.before in TOY
+    assert any(m.before == "if x > 0:" and m.after == "if x >= 0:" for m in made)
+    assert any(m.before == "return 0.5" and m.after == "return 1.5" for m in made)
+
+
+def test_a_signature_survives_an_edit_elsewhere(tmp_path):
+    before = {m.signature for m in toy_mutants(tmp_path)}
+    after = toy_mutants(tmp_path, "import math\n\n" + TOY)
+    lines = {m.signature: m.line for m in after}
+    assert before <= set(lines)
+    assert all(lines[s] > 2 for s in before)  # the lines moved, the names did not
+
+
+def write_list(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "equivalent.toml"
+    path.write_text(text)
+    return path
+
+
+GOOD = '[[equivalent]]\nmodule = "m.py"\nbefore = "a > 0"\nafter = "a >= 0"\nreason = "a is never 0"\n'
+
+
+def test_the_reviewed_list_loads_by_signature(tmp_path):
+    got = equivalent.load(write_list(tmp_path, GOOD))
+    assert list(got) == [("m.py", "a > 0", "a >= 0")] and got[("m.py", "a > 0", "a >= 0")].reason == "a is never 0"
+
+
+@pytest.mark.parametrize("text,named", [
+    (GOOD.replace('reason = "a is never 0"\n', ""), "'reason'"),
+    (GOOD.replace('"a is never 0"', '"  "'), "'reason'"),
+    (GOOD + 'why = "x"\n', "unknown fields"),
+    (GOOD + GOOD, "listed twice"),
+    ("[[equivalents]]\n", "unknown tables"),
+])
+def test_a_bad_entry_is_refused_naming_it(tmp_path, text, named):
+    with pytest.raises(ValueError, match=named):
+        equivalent.load(write_list(tmp_path, text))
+
+
+def stale(entries: dict) -> list[equivalent.Equivalent]:
+    """Entries whose original lines no longer appear in their module (the code moved on: review them)."""
+    out = []
+    for e in entries.values():
+        path = ROOT / e.module
+        lines = [s.strip() for s in path.read_text().split("\n")] if path.exists() else []
+        before = e.before.split("\n")
+        if not any(lines[i:i + len(before)] == before for i in range(len(lines))):
+            out.append(e)
+    return out
+
+
+def test_every_listed_equivalent_names_code_that_exists():
+    entries = equivalent.load()
+    assert stale(entries) == []
+    for e in entries.values():
+        assert e.before != e.after
+
+
+def test_a_stale_entry_is_found(tmp_path):
+    """Control for the test above: an entry whose line is gone is reported."""
+    text = GOOD.replace('"m.py"', '"optimizers/norms.py"').replace('"a > 0"', '"count < CASCADE_FROM_GONE"')
+    assert len(stale(equivalent.load(write_list(tmp_path, text)))) == 1
+
+
+def fake_reach() -> Reach:
+    lines = {"optimizers/x.py": {3: (["c-slow", "c-fast", "c-bad"], ["t1"]), 4: ([], ["t2", "t1"])},
+             "oracles/y.py": {}}
+    return Reach("k", {"c-slow": 2.0, "c-fast": 0.1, "c-bad": 0.01}, {"t1": 1.0, "t2": 0.5}, lines,
+                 ["muon/a/ws2", "normuon/b/ws2", "dion2-f0.5/c/ws2", "normuon/d/ws4"], ["c-bad"])
+
+
+def test_judges_are_what_reaches_the_line_cheapest_first():
+    reach = fake_reach()
+    p = selection.plan(reach, "optimizers/x.py", 3, reach.gloo_cases, 40, 4, 40)
+    assert p == selection.Plan(["c-fast", "c-slow"], [], ["t1"])  # c-bad fails unmutated: never a judge
+    assert selection.plan(reach, "optimizers/x.py", 3, reach.gloo_cases, 1, 4, 0) == selection.Plan(["c-fast"])
+    assert selection.plan(reach, "optimizers/x.py", 4, reach.gloo_cases, 40, 4, 40) == selection.Plan(
+        [], [], ["t2", "t1"])
+
+
+def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
+    reach = fake_reach()
+    p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 40)
+    assert p.gloo == ["normuon/b/ws2", "normuon/d/ws4"] and not p.cases and not p.tests
+    shared = selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 40, 2, 40)
+    assert shared.gloo == ["muon/a/ws2", "dion2-f0.5/c/ws2"]  # spread over every algorithm's
+    assert selection.plan(reach, "oracles/y.py", 9, reach.gloo_cases, 40, 4, 40).empty
+
+
+def test_the_reach_map_round_trips(tmp_path):
+    reach = fake_reach()
+    reach.save(tmp_path / "reach.json")
+    assert Reach.load(tmp_path / "reach.json") == reach
+
+
+def verdict(status: str, by: str = "", before: str = "a > 0", module: str = "m.py") -> Verdict:
+    return Verdict(f"{module}:{status}:{by}:{before}", module, 1, before, "a >= 0", status, by, 1.0)
+
+
+def test_the_table_counts_each_fate_and_scores_the_non_equivalent():
+    entries = {("m.py", "a > 0", "a >= 0"): equivalent.Equivalent("m.py", "a > 0", "a >= 0", "never 0")}
+    verdicts = [verdict("killed", "cpu case x: reference fail", "b"), verdict("killed", "test t", "c"),
+                verdict("killed", "import: SyntaxError", "d"), verdict("timeout", "past 9 s", "e"),
+                verdict("survived", "passed", "a > 0"), verdict("survived", "passed", "f")]
+    (row,) = table.rows({"m.py": 8}, verdicts, entries)
+    assert (row.mutants, row.judged, row.killed, row.by_cases, row.by_tests, row.timeout, row.equivalent,
+            row.survived) == (8, 6, 3, 2, 1, 1, 1, 1)
+    assert row.score == 3 / 4
+    assert [v.before for v in table.survivors(verdicts, entries)] == ["f"]
+    assert "| m.py | 8 | 6 | 3 (2 / 1) | 1 | 1 | 1 | 75.0% |" in table.render([row])
+
+
+def test_a_listed_equivalent_that_is_killed_is_reported():
+    entries = {("m.py", "a > 0", "a >= 0"): equivalent.Equivalent("m.py", "a > 0", "a >= 0", "never 0")}
+    killed = verdict("killed", "cpu case x: reference fail")
+    assert table.wrongly_listed([killed], entries) == [killed]
+    assert table.wrongly_listed([verdict("survived")], entries) == []
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--modules", "cases/case.py"], "not a module file"),
+    (["--modules", "optimizers/nothing.py"], "not a module file"),
+    (["--budget-minutes", "0"], "--budget-minutes"),
+    (["--jobs", "0"], "--jobs"),
+    (["--map-tests", "tests/test_nothing.py"], "no test file"),
+    (["--modules", "optimizers/norms.py", "--changed-since", "HEAD"], "not both"),
+    (["--changed-since", "no-such-revision-anywhere"], "--changed-since"),
+])
+def test_bad_usage_is_refused_before_any_work(tmp_path, capsys, argv, message):
+    session = tmp_path / "session"
+    assert main(["--session", str(session), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not session.exists()
+
+
+def test_a_real_mutant_is_killed_and_the_original_survives_the_same_judges(tmp_path):
+    """End to end through a forked judge on a scratch copy: NorMuon's default beta2 0.95 -> 1.95 (issue 31's
+    survivor) is killed by the defaults test; the unmutated copy passes that test (the control)."""
+    module = "optimizers/algorithms/normuon.py"
+    original = (ROOT / module).read_text()
+    (mutant,) = [m for m in mutants(module, ROOT) if '"beta2": 1.95' in m.after]
+    scratch = workers.Scratch(ROOT, tmp_path / "scratch")
+    p = selection.Plan(tests=["tests/test_defaults.py::test_defaults_step_as_documented[normuon-nothing]"])
+    workers.preload()
+    got = {}
+    for name, source in (("mutant", mutant.source(original)), ("original", original)):
+        scratch.write(module, source)
+        out = tmp_path / f"{name}.json"
+        child = workers.fork(scratch.path, tmp_path / f"{name}.log", 600.0, lambda out=out: judge.run(p, out), name)
+        assert workers.reap([child])[1] == "exit 0", (tmp_path / f"{name}.log").read_text()[-3000:]
+        got[name] = json.loads(out.read_text())
+    assert got["mutant"]["status"] == "killed" and "test_defaults" in got["mutant"]["by"]
+    assert got["original"] == {"status": "survived", "by": ""}
+    scratch.restore(module)
+    assert (scratch.path / module).read_text() == original
+    assert (ROOT / module).read_text() == original  # the worktree is never mutated
+
+
+def test_a_judge_past_its_deadline_is_killed_with_its_group(tmp_path):
+    import time
+    child = workers.fork(tmp_path, tmp_path / "log", 0.5, lambda: time.sleep(60) or 0, None)
+    start = time.monotonic()
+    assert workers.reap([child], poll=0.05)[1] == "timeout"
+    assert time.monotonic() - start < 10
