@@ -335,6 +335,15 @@ def _torch() -> Iterator[Wanted]:
                                         (3, "spectral_norm", "wd0", 2, "huge")):
             yield Wanted("torch", "torch", f"muon/{layer}/mb{mb}/noflat/bf16@bf16/ns/{lr}/plain/{wd}/steps{steps}/"
                                            f"{grad}/seed0", ("momentum",), cause)
+    from cases import axes
+    from harness.running.selection import target_tier
+    from harness.targets import load_target
+
+    extreme = ("torch 2.13: torch.optim.Muon's normaliser squares the entries before it scales them, so at "
+               "gradients near the dtype's range the norm overflows and the update vanishes (issue 30 item 9)")
+    for case in target_tier("ci", load_target("torch")).cases:
+        if case.grad == axes.EXTREME_GRADIENT:
+            yield Wanted("torch", "torch", case.id, ("normaliser-eps",), extreme)
 
 
 def _catalog() -> Iterator[Wanted]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from cases import Case
+from cases import Case, tier
 from cases.layouts import regions
 from harness import runner
 from harness.algorithms import algorithm
@@ -19,6 +19,7 @@ from harness.judging.structure import Declared, structure
 from harness.runner import run_case
 from harness.running.inputs import f64, make_inputs
 from harness.targets import load_target
+from harness.targets.ours import OursMuon
 from oracles import MuonHyper, Orthogonalizer, orthogonalize
 from oracles.muon_reference import apply_update
 from reports import Record
@@ -207,7 +208,7 @@ def test_the_synthetic_correct_run_is_the_reference():
 
 
 def test_updates_landing_on_another_member_are_a_swap():
-    swapped = lambda us, i: orth(us[1 - i])  # noqa: E731
+    swapped = lambda us, i: orth(us[1 - i])
     assert diagnosis.label(diagnosed(MUON64, swapped)) == "members-mixed"
     line = diagnosed(SHARDED, swapped, ("reference", "local_shard"))
     assert diagnosis.label(line) == "shard-local" and "wrong members" in line, line
@@ -232,7 +233,7 @@ def test_a_wrong_step_on_a_sharded_case_is_not_blamed_on_the_sharding(update, la
 def test_an_update_that_vanishes_is_no_lr_scale():
     """A step ~0 x the reference's is fitted by every factor model; none is named. On several ranks the
     exchange lost it; under tiny gradients a scale-invariant step would have kept its size."""
-    vanishing = lambda us, i: 1e-4 * orth(us[i])  # noqa: E731
+    vanishing = lambda us, i: 1e-4 * orth(us[i])
     line = diagnosed(MUON64, vanishing)
     assert diagnosis.label(line) == "orthogonalizer" and "vanishes" in line, line
     assert diagnosis.label(diagnosed(SHARDED, vanishing, ("reference", "local_shard"))) == "shard-local"
@@ -247,3 +248,21 @@ def test_a_missing_decay_where_the_gradients_are_zero_is_weight_decay():
     unmoved = [[p.clone() for p in make_inputs(zero).params] for _ in range(zero.steps)]
     line = diagnosis.diagnose(zero, OURS, [record("reference", "fail", zero)], Judged(trajectory=unmoved))
     assert diagnosis.label(line) == "weight-decay", line
+
+
+def test_a_nan_gradient_handled_against_the_policy_is_non_finite():
+    """The nonfinite check alone judges such a case (no oracle steps a NaN): its failure names the cause
+    before any structure is asked of a trajectory with NaN in it, for a selecting algorithm too."""
+    nan_case = dataclasses.replace(DION2, grad="nonfinite")
+    line = diagnosis.diagnose(nan_case, OURS, [record("nonfinite", "fail", nan_case)], Judged())
+    assert diagnosis.label(line) == "non-finite", line
+
+
+def test_a_nan_skipped_end_to_end_is_non_finite():
+    class ZeroesNaN(OursMuon):
+        def run(self, params, grads, case):
+            return super().run(params, [[torch.nan_to_num(g, nan=0.0) for g in step] for step in grads], case)
+
+    case = next(c for c in tier("ci") if c.grad == "nonfinite" and c.optimizer == "muon")
+    records = runner.judged_case(case, ZeroesNaN(), "test")
+    assert [diagnosis.label(r.diagnosis) for r in records if r.failing] == ["non-finite"]

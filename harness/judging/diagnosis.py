@@ -8,6 +8,7 @@ measurements, under the conventions the target declares. It never runs a target.
 Rules, first match wins (each names its evidence in the line it writes):
 
   error               every failing check is an error: the target raised
+  non-finite          nonfinite fails: a NaN gradient element is not handled as the documented policy says
   members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others
   replicas            replicas fail: ranks applied different updates
   selection           a selecting algorithm (Dion2, NorDion2), its selection well posed: the judged update
@@ -30,8 +31,8 @@ Rules, first match wins (each names its evidence in the line it writes):
                       exchange hands updates to the wrong members; members-mixed in one process)
   weight-decay        the error lies along the parameter, or the step is (1 - lr wd) x the reference's
   the judged steps under SCALE_OFF x the reference's (every factor model fits them): shard-local on several
-                      ranks (the exchange lost the update), normaliser-eps under tiny gradients (a
-                      scale-invariant step keeps its size), else orthogonalizer
+                      ranks (the exchange lost the update), normaliser-eps under tiny, huge or extreme
+                      gradients (a scale-invariant step keeps its size), else orthogonalizer
   lr-scale            the step is the reference's times one constant (>= 1% off), or each step its own factor
   per-row-state       one factor per output row explains the error (NorMuon's row statistics)
   flattened-geometry  one factor per row of the unflattened kernel's trailing slices explains it (statistics
@@ -51,6 +52,7 @@ import dataclasses
 import math
 
 from cases import Case
+from cases.axes import EXTREME_GRADIENT
 from harness.algorithms import algorithm
 from harness.judging import robust_checks
 from harness.judging.judged import Judged
@@ -65,6 +67,8 @@ SCALE_OFF = 0.01
 """A constant factor farther than this from 1 counts as an lr-scale error."""
 EXPLAINED = 0.25
 """A model of the error 'explains' it when it leaves less than this fraction of the error's norm."""
+OFF_SCALE_GRADIENTS = ("tiny", "huge", EXTREME_GRADIENT)
+"""The gradient kinds far from unit scale (cases/data.py), where a step that is not scale invariant shows."""
 EPS_SHRINK = 32.0
 """An error whose relative size falls by more than this factor when the gradients grow 2^10 comes
 from an additive constant in the normaliser (its eps); scale-invariant defects keep their size."""
@@ -213,9 +217,9 @@ def _vanished(case: Case, factor: float) -> str:
     moved = f"the judged steps are {factor:.2g} x the reference's: the update vanishes"
     if case.world_size > 1:
         return f"shard-local: {moved} on {case.world_size} ranks, where one process's orthogonalized step would not"
-    if case.grad == "tiny":
-        return (f"normaliser-eps: {moved} under tiny gradients, where a scale-invariant step keeps its size: an "
-                f"additive constant in the normaliser dominates")
+    if case.grad in OFF_SCALE_GRADIENTS:
+        return (f"normaliser-eps: {moved} under {case.grad} gradients, where a scale-invariant step keeps its size: "
+                f"the normaliser's eps or range")
     return _unexplained(f"{moved}, so every factor model fits it and none is named")
 
 
@@ -251,6 +255,9 @@ def _structure(case: Case, declared: Declared, judged: Judged) -> Structure:
 
 
 def _diagnose(case: Case, declared: Declared, checks: dict[str, Record], judged: Judged) -> str:
+    if _failed(checks, "nonfinite"):
+        return (f"non-finite: a NaN gradient element is not handled as the documented policy says "
+                f"({checks['nonfinite'].message})")
     if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
         return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
     if _failed(checks, "replicas"):

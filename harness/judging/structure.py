@@ -211,7 +211,8 @@ def structure(case: Case, declared: Declared, judged: Judged) -> Structure:
     if selects and margins and algorithm(case).ill_posed(case, min(margins)):
         selection = 0  # a tie: either slice is a correct selection
     factor = num / den if den else math.nan
-    left_sq = sum(float(np.sum(((x_new - x_prev) - factor * (x_ref - x_prev)) ** 2)) for _, x_prev, x_new, x_ref in steps)
+    left_sq = sum(float(np.sum(((x_new - x_prev) - factor * (x_ref - x_prev)) ** 2))
+                  for _, x_prev, x_new, x_ref in steps)
     err_total = math.sqrt(err_sq)
     rel = err_total / math.sqrt(den) if den else math.inf
     scaled_run = judged.scaled()
@@ -264,7 +265,8 @@ def _swapped(case: Case, conv: Conventions, steps: list[tuple[str, np.ndarray, n
     """(swapped, swaps) of Structure: each member's judged orthogonalized part against every member's
     reference one, step by step (`steps` as reference_steps yields them, member-major)."""
     def parts(which: int) -> list[list[np.ndarray]]:
-        return [[orthogonal_part(step[1], step[which], case, conv) for step in steps[i * case.steps:(i + 1) * case.steps]]
+        """Per member, per step: the orthogonalized part of the judged (2) or the reference (3) step."""
+        return [[orthogonal_part(x[1], x[which], case, conv) for x in steps[i * case.steps:(i + 1) * case.steps]]
                 for i in range(case.megabatch)]
 
     judged, wanted = parts(2), parts(3)
