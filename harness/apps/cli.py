@@ -503,8 +503,9 @@ def failing_summary(records: list[Record], limit: int = SUMMARY_CASES) -> list[s
     labels = [diagnosis.label(r.diagnosis) or "undiagnosed" for r in worst.values()]
     counts = ", ".join(f"{label} {labels.count(label)}" for label in sorted(set(labels), key=labels.index))
     lines = [f"{len(worst)} failing cases, by diagnosis: {counts}"]
-    lines += [f"  {label:18} {r.case_id}  ({r.check} {r.status}{'' if math.isnan(r.ratio) else f', ratio {r.ratio:.3g}'})"
-              for label, r in list(zip(labels, worst.values()))[:limit]]
+    for label, r in list(zip(labels, worst.values()))[:limit]:
+        ratio = "" if math.isnan(r.ratio) else f", ratio {r.ratio:.3g}"
+        lines.append(f"  {label:18} {r.case_id}  ({r.check} {r.status}{ratio})")
     if len(worst) > limit:
         lines.append(f"  ... {len(worst) - limit} more, with their diagnosis lines, in summary.md and report.html")
     return lines

@@ -84,6 +84,8 @@ class Declared(Target):
 
 @dataclasses.dataclass(frozen=True)
 class Structure:
+    """The error's structure: each field as the module docstring defines it."""
+
     errors: list[float]
     first_ok: bool | None
     factor: float
