@@ -21,8 +21,10 @@ import torch
 
 from cases import Case, schema
 from harness.judging import diagnosis, registry
+from harness.judging.checks import device_class
 from harness.judging.details import Detail, Pictures
-from harness.judging.distributed_checks import Pieces
+from harness.judging.distributed_checks import Pieces, gather
+from harness.judging.judged import Judged
 from harness.judging.outcome import Evidence, Outcome
 from harness.running import backends, guard
 from harness.running.backends import Backend
@@ -86,8 +88,10 @@ def _record(case: Case, target: Target, check: str, status: str, backend: str, r
 
 
 def _judge(case: Case, target: Target, backend: str, repro: str,
-           checks: dict[str, Callable[[], Outcome]]) -> list[tuple[Record, Evidence | None]]:
-    """Run each check: its record and evidence; a check that raises is an error record with its traceback."""
+           checks: dict[str, Callable[[], Outcome]],
+           kept: Judged | None = None) -> list[tuple[Record, Evidence | None]]:
+    """Run each check: its record and evidence; a check that raises is an error record with its traceback.
+    Each outcome is offered to `kept` (the runs the checks made, for the diagnosis)."""
     judged: list[tuple[Record, Evidence | None]] = []
     for name, check in checks.items():
         t0 = time.perf_counter()
@@ -104,6 +108,8 @@ def _judge(case: Case, target: Target, backend: str, repro: str,
             tolerance=tol.rtol if tol else float("nan"),
             tolerance_source=tol.source if tol else "",
             ratio=out.metrics.ratio, message=out.message), out.evidence))
+        if kept is not None:
+            kept.offer(name, out)
     return judged
 
 
@@ -141,14 +147,15 @@ def _noted(records: list[Record], changed: list[str]) -> list[Record]:
 
 def run_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
              ranks: TorchrunRanks | None = None, timeout: float | None = None,
-             pictures: Pictures | None = None) -> list[Record]:
+             pictures: Pictures | None = None, kept: Judged | None = None) -> list[Record]:
     """Every applicable check of `case` on `target`: pass/fail, or unsupported, skipped (with the
     reason), or error. One path for every layout: the target steps the case over its layout (one
     process being world size 1), then each check judges the pieces it returned. `backend` defaults
     to the case's own: cpu, or gloo for a distributed case. A distributed case whose ranks run past
     `timeout` seconds (default: the pool's DEFAULT_TIMEOUT) is an error. Under torchrun (`ranks`)
     every rank calls this in the same order; only rank 0 gets records (there the process group's
-    timeout applies). `pictures` keeps the evidence of the worst reference checks for the report.
+    timeout applies). `pictures` keeps the evidence of the worst reference checks for the report; `kept`
+    the trajectory the checks judged and the runs they made, for the diagnosis.
 
     The target may not carry anything out of the case (harness/running/guard.py): torch's global
     settings and RNG states are restored afterwards, here and on the ranks, and a setting it changed
@@ -189,9 +196,11 @@ def run_case(case: Case, target: Target, target_spec: str, backend: str | None =
         stepped = not isinstance(pieces, str)
         mutated = guard.modified(inputs, before) if stepped else None
         judged = _judge(case, target, chosen.name, repro,
-                        {n: (lambda n=n: registry.judge(n)(case, target, inputs, pieces)) for n in names}) \
+                        {n: (lambda n=n: registry.judge(n)(case, target, inputs, pieces)) for n in names}, kept) \
             if stepped and not mutated else []
         mutated = mutated or (guard.modified(inputs, before) if judged else None)
+        if kept is not None and judged and not mutated:
+            kept.trajectory, kept.device = gather(case, pieces), device_class(inputs)
     seconds = time.perf_counter() - start
     if isinstance(pieces, str):
         return _noted(every("error", pieces, seconds), on_ranks + changed)
@@ -214,11 +223,11 @@ def failed_case(case: Case, target: Target, target_spec: str, backend: str | Non
 def judged_case(case: Case, target: Target, target_spec: str, backend: str | None = None,
                 ranks: TorchrunRanks | None = None, timeout: float | None = None,
                 pictures: Pictures | None = None) -> list[Record]:
-    """`run_case`'s records of `case`, each with its diagnosis (harness/judging/diagnosis.py; its reruns
-    of the target, too, leave torch's settings as they found them)."""
-    records = run_case(case, target, target_spec, backend, ranks, timeout, pictures)
-    with guard.kept_torch_state():
-        return diagnosis.annotate(case, target, records)
+    """`run_case`'s records of `case`, each with its diagnosis (harness/judging/diagnosis.py), made from what
+    the checks judged (no target runs for it)."""
+    kept = Judged()
+    records = run_case(case, target, target_spec, backend, ranks, timeout, pictures, kept)
+    return diagnosis.annotate(case, target, records, kept)
 
 
 _WORKER_TARGETS: dict[str, Target] = {}

@@ -455,3 +455,32 @@ def test_a_write_that_fails_after_the_cases_ran_is_one_line_exit_2_and_the_old_r
     assert "the run could not be stored (No space left on device: " in lines[0] and "as it was" in lines[0]
     assert [r.case_id for r in cli.load_run(old)[0]] == [OTHER]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_the_failing_summary_names_each_failing_case_once_worst_first_with_its_diagnosis():
+    records = [rec(CASE, "fail", 3.0, diagnosis="lr-scale: the step is 1.2 x the reference's"),
+               rec(CASE, "fail", 9.0, check="scale", diagnosis="lr-scale: the step is 1.2 x the reference's"),
+               rec(OTHER, "error", math.nan, diagnosis="error: the target raised (see the message)"),
+               rec("c3", "fail", 1.5, diagnosis=""),
+               rec("c4", "pass", 0.5)]
+    lines = cli.failing_summary(records, limit=2)
+    assert lines[0] == "3 failing cases, by diagnosis: lr-scale 1, undiagnosed 1, error 1"
+    assert lines[1].split() == ["lr-scale", CASE, "(scale", "fail,", "ratio", "9)"]
+    assert lines[2].split() == ["undiagnosed", "c3", "(reference", "fail,", "ratio", "1.5)"]
+    assert lines[3] == "  ... 1 more, with their diagnosis lines, in summary.md and report.html"
+    assert len(lines) == 4
+
+
+def test_a_run_with_nothing_failing_prints_no_failing_summary():
+    assert cli.failing_summary([rec(CASE, "pass"), rec(OTHER, "skipped", math.nan)]) == []
+
+
+def test_run_prints_the_failing_cases_with_their_diagnosis(tmp_path, capfd):
+    """End to end: a wrong optimizer's run names its failing case and the diagnosis label on the console
+    (capfd: the run enables faulthandler on stderr, which needs a file descriptor)."""
+    code = cli.main(["run", "--target", "harness.apps.selftest_catalog:lr_rms_min", "--select", CASE,
+                     "--out", str(tmp_path / "out"), "--quiet", "--allow-thin"])
+    err = capfd.readouterr().err
+    assert code == 1
+    assert "1 failing cases, by diagnosis: lr-scale 1" in err, err
+    assert re.search(rf"^  lr-scale +{re.escape(CASE)}  \(", err, re.M), err

@@ -58,6 +58,7 @@ from cases import TIERS, Case
 from harness.apps import pr_diff
 from harness.apps.journal import Journal
 from harness.apps.outputs import write_run
+from harness.judging import diagnosis
 from harness.judging.details import Pictures
 from harness.judging.scope import MIN_JUDGED, judgement
 from harness.runner import BACKENDS, Interrupted, Stop, run
@@ -68,8 +69,8 @@ from harness.running.selection import TargetTier, narrow, nearest, target_tier
 from harness.targets import DEFAULT, TargetError, load_target, target_module
 from harness.targets.base import Target
 from harness.targets.identity import module_identity
-from reports import (CodeIdentity, RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown,
-                     render_trend_html, status_counts)
+from reports import (CodeIdentity, Record, RunInfo, diff_runs, load_run, render_diff_html, render_diff_markdown,
+                     render_trend_html, status_counts, worst_first)
 from reports.diff import COMPARABLE_BY, DEFAULT_GROWTH, incomparable
 from reports.diff_html import same_code_note
 from reports.run_folder import RunFolder, StoreError, check, claim, estimated_bytes, write_file
@@ -471,6 +472,8 @@ def _run(args: argparse.Namespace, target: Target, code: CodeIdentity, backends:
     checked = counts["pass"] + counts["fail"] + counts["error"]
     print(f"{len(records)} checks: " + ", ".join(f"{counts[s]} {s}" for s in counts)
           + f" ({time.perf_counter() - t0:.1f}s); reports in {args.out}/", file=sys.stderr)
+    for line in failing_summary(records):
+        print(line, file=sys.stderr)
     if stopped is not None:
         print(f"INCOMPLETE: {info.interrupted}; run.json says complete: false", file=sys.stderr)
         return 128 + stopped.signum
@@ -487,6 +490,29 @@ def _run(args: argparse.Namespace, target: Target, code: CodeIdentity, backends:
         print(f"THIN: {judged.thin}" + ("" if args.allow_thin else " (exit 1; --allow-thin accepts it)"),
               file=sys.stderr)
     return 1 if counts["fail"] or counts["error"] or regressed or (judged.thin and not args.allow_thin) else 0
+
+
+SUMMARY_CASES = 8
+"""Failing cases the console summary of a run names, worst first (every one is in summary.md and report.html)."""
+
+
+def failing_summary(records: list[Record], limit: int = SUMMARY_CASES) -> list[str]:
+    """The console summary of a run's failing cases: how many per diagnosis label, then the worst `limit`
+    cases (by their worst check), each with its diagnosis label."""
+    worst: dict[tuple[str, str], Record] = {}
+    for r in worst_first(r for r in records if r.failing):
+        worst.setdefault((r.case_id, r.backend), r)
+    if not worst:
+        return []
+    labels = [diagnosis.label(r.diagnosis) or "undiagnosed" for r in worst.values()]
+    counts = ", ".join(f"{label} {labels.count(label)}" for label in sorted(set(labels), key=labels.index))
+    lines = [f"{len(worst)} failing cases, by diagnosis: {counts}"]
+    for label, r in list(zip(labels, worst.values()))[:limit]:
+        ratio = "" if math.isnan(r.ratio) else f", ratio {r.ratio:.3g}"
+        lines.append(f"  {label:18} {r.case_id}  ({r.check} {r.status}{ratio})")
+    if len(worst) > limit:
+        lines.append(f"  ... {len(worst) - limit} more, with their diagnosis lines, in summary.md and report.html")
+    return lines
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

@@ -339,6 +339,16 @@ def _rank_one(case: Case) -> str | None:
     return None
 
 
+def _every_slice_selected(case: Case) -> str | None:
+    """Why an error-feedback mask defect shows as momentum alone where the top-k keeps every slice."""
+    m, n = matrix_dims(case.shape, case.flatten)
+    slices = m if selects_rows(case.shape, case.flatten, rows_only=case.optimizer == "nordion2") else n
+    if case.fraction is None or math.ceil(case.fraction * slices) < slices:
+        return None
+    return (f"the top-k keeps all {slices} slice(s) of the matrix here: no slice is unselected, so the inverted "
+            f"mask only leaves the error feedback undecayed, state that no selection evidence can name")
+
+
 def _short_rows(case: Case) -> str | None:
     """Why a NorMuon row-statistics defect cannot be told from other state on short matrix rows."""
     fan_in = matrix_dims(case.shape, case.flatten)[1] if case.flatten or len(case.shape) == 2 else case.shape[-1]
@@ -453,17 +463,18 @@ CATALOG: tuple[Defect, ...] = (
     Defect("no-gather", distributed_controls.no_gather, "replicas", lambda c: c.layout == "replicated" and c.grad != "zero",
            "replicas skip the all-gather and drift apart", distributed=True),
 
-    Defect("dion2-kernel-selection", dion2_controls.kernel_selection, "flattened-geometry",
+    Defect("dion2-kernel-selection", dion2_controls.kernel_selection, "selection",
            lambda c: _selecting(c) and c.flatten and len(c.shape) > 2,
            "microsoft/dion: Dion2 selected over the kernel rows of an unflattened conv (before it rejected "
            "flatten=True)"),
-    Defect("dion2-ef-unselected", dion2_controls.ef_unselected, "momentum",
+    Defect("dion2-ef-unselected", dion2_controls.ef_unselected, "selection",
            lambda c: _selecting(c) and c.steps > 1,
-           "error feedback decays the unselected slices instead of the selected (mask inverted)"),
+           "error feedback decays the unselected slices instead of the selected (mask inverted)",
+           ambiguous=_every_slice_selected),
     Defect("dion2-submatrix-lr", dion2_controls.submatrix_lr, "lr-scale",
            lambda c: _selecting(c) and c.adjust_lr != "none",
            "adjust_lr computed on the selected submatrix [k, n] instead of the full matrix view"),
-    Defect("dion2-local-as-global", dion2_controls.local_as_global, "shard-local",
+    Defect("dion2-local-as-global", dion2_controls.local_as_global, "selection",
            lambda c: _selecting(c) and c.scope == "global" and _splits_slices(c) and c.grad != "zero",
            "microsoft/dion: top-k over the local shard's slices where the global top-k is declared",
            distributed=True),

@@ -157,7 +157,7 @@ def megabatch(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
 def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     flat = (case.shape[0], math.prod(case.shape[1:]))
     other = [[t.reshape(case.shape) for t in step] for step in target.run(*_args(inputs.reshaped(flat)), case)]
-    return relation("equiv2d", case, target, inputs, traj, other)
+    return dataclasses.replace(relation("equiv2d", case, target, inputs, traj, other), run=other)
 
 
 def fraction1(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
@@ -194,9 +194,10 @@ def scale(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outco
     if why:
         return Outcome("scale", NO_METRICS, None, why, skipped=True)
     scaled = inputs.scaled(SCALE_FACTOR)
-    out = reference(case, target, scaled, target.run(*_args(scaled), case))
+    run = target.run(*_args(scaled), case)
+    out = reference(case, target, scaled, run)
     return dataclasses.replace(out, check="scale", message=f"gradients x {SCALE_FACTOR:g}: {out.message}",
-                               evidence=None)
+                               evidence=None, run=run)
 
 
 def nonfinite(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:

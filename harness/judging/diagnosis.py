@@ -1,36 +1,49 @@
-"""A diagnosis per failing case: the likely kind of bug, read from which checks failed and from
-the structure of the error, so that the reader of a report need not infer it.
+"""A diagnosis per failing case: the likely kind of bug, read from which checks failed and from the structure
+of the error of what they judged, so that the reader of a report need not infer it.
+
+Made from what judging the case left (harness/judging/judged.py): its records, the trajectory every check
+judged, the runs the checks made (gradients x 2^10, the [out, prod(rest)] view) and the tolerance policy's
+measurements, under the conventions the target declares. It never runs a target.
 
 Rules, first match wins (each names its evidence in the line it writes):
 
+  error               every failing check is an error: the target raised
+  non-finite          nonfinite fails: a NaN gradient element is not handled as the documented policy says
   members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others
-  flattened-geometry  equiv2d fails: [out, *rest] does not step as [out, prod(rest)] (lr-scale
-                      instead when one constant factor explains the error: fans from the wrong dims)
   replicas            replicas fail: ranks applied different updates
-  shard-local         local_shard or layout fails while the single-process reference holds:
-                      something is computed per shard (orthogonalization, padding, ownership)
+  selection           a selecting algorithm (Dion2, NorDion2), its selection well posed: the judged update
+                      moves slices the reference's top-k leaves out, or leaves selected ones unmoved (wrong
+                      slices, wrong side, the local scope where global is declared, state of the wrong slices)
+  flattened-geometry  equiv2d fails: [out, *rest] does not step as [out, prod(rest)] (lr-scale instead when
+                      one factor relates the two runs' orthogonalized parts: fans from the unflattened shape)
+  shard-local         layout fails: the distributed step differs from the target's single-process step
   non-finite          finite fails: a degenerate gradient gives NaN/inf (a 0/0 in a normaliser)
-  normaliser-eps      scale fails alone (the step changes when gradients are scaled by 2^10), or
-                      the bf16 scale relation (rescale) fails, or
-                      reference fails while scale holds, or the error shrinks by more than
-                      EPS_SHRINK when the gradients grow 2^10 (both checks' errors, or the case
-                      rerun at scale: an error that vanishes at scale is the normaliser's eps)
-  weight-decay        the decay relation (probe) fails, or the error lies along the parameter
-                      (projection): decay missing, coupled, after the update or with the adjusted lr
-  lr-scale            the step is the reference's times one constant (>= 1% off), or each step
-                      its own factor (some >= 1% off): the update's size set wrong
-  per-row-state       rescaling each output row by its own factor explains the error, or (bf16) the
-                      rows check fails: the rows' norms spread against the reference's (NorMuon's
-                      row statistics)
+  normaliser-eps      scale fails alone, or reference fails while scale holds, or both fail and the error
+                      shrinks by more than EPS_SHRINK at gradients x 2^10
+  the bf16-robust checks, where reference holds: probe (weight-decay), rescale (normaliser-eps; momentum where
+                      the scaled run repeats the first step and not a later one), rows (per-row-state),
+                      spectrum (orthogonalizer), norm (weight-decay along the parameter, else lr-scale),
+                      drift (momentum)
+  then the structure of the error (harness/judging/structure.py), single-process or gathered over a layout
+  (a failing local_shard alone is no evidence of sharding: a piece of a wrong step is wrong):
+  normaliser-eps      the error shrinks by more than EPS_SHRINK in the run with gradients x 2^10
+  shard-local         a distributed megabatch whose members' steps are other members' reference steps (the
+                      exchange hands updates to the wrong members; members-mixed in one process)
+  weight-decay        the error lies along the parameter, or the step is (1 - lr wd) x the reference's
+  the judged steps under SCALE_OFF x the reference's (every factor model fits them): shard-local on several
+                      ranks (the exchange lost the update), normaliser-eps under tiny, huge or extreme
+                      gradients (a scale-invariant step keeps its size), else orthogonalizer
+  lr-scale            the step is the reference's times one constant (>= 1% off), or each step its own factor
+  per-row-state       one factor per output row explains the error (NorMuon's row statistics)
+  flattened-geometry  one factor per row of the unflattened kernel's trailing slices explains it (statistics
+                      of the kernel slices where the flattened matrix is declared)
+  shard-local         a case sharded along one dim: each rank's piece is the orthogonalization of its own piece
+                      of the direction, up to one factor per row
   momentum            the first step is within its tolerance and the error grows over the later ones
-  orthogonalizer      none of the above: the orthogonalized matrix itself differs (coefficients,
-                      normaliser, iteration count), its singular values against f(sigma) say how
+  orthogonalizer      none of the above: the orthogonalized matrix itself differs
 
-With bf16 involved, what a model leaves of the error is counted beyond a correct run's own error
-(ours', in quadrature): rounding noise is no part of any defect's structure.
-
-The structural rules rerun the case on the target (as drawn and with gradients x 2^10) (single-process cases only; ms) and
-look at the error of every step against the FP64 reference (harness.judging.checks.reference_steps).
+A model "explains" the error when it leaves less than EXPLAINED of it beyond what a correct run's own
+error accounts for (the tolerance policy's measured coefficient: rounding is no part of a defect's model).
 """
 
 from __future__ import annotations
@@ -38,129 +51,27 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
 from cases import Case
+from cases.axes import EXTREME_GRADIENT
+from harness.algorithms import algorithm
 from harness.judging import robust_checks
-from harness.judging.checks import SCALE_FACTOR, policy, reference_steps
-from harness.judging.metrics import compare_step
-from harness.policy import tolerance
-from harness.running.inputs import Inputs, make_inputs
+from harness.judging.judged import Judged
+from harness.judging.structure import Declared, Structure, related, scale_relation, structure
 from harness.targets.base import Target
 from reports import Record
 
-LABELS = ("members-mixed", "flattened-geometry", "replicas", "shard-local", "non-finite", "normaliser-eps",
-          "weight-decay", "lr-scale", "momentum", "per-row-state", "orthogonalizer")
+LABELS = ("error", "members-mixed", "replicas", "selection", "flattened-geometry", "shard-local", "non-finite",
+          "normaliser-eps", "weight-decay", "lr-scale", "momentum", "per-row-state", "orthogonalizer")
 
 SCALE_OFF = 0.01
 """A constant factor farther than this from 1 counts as an lr-scale error."""
 EXPLAINED = 0.25
 """A model of the error 'explains' it when it leaves less than this fraction of the error's norm."""
+OFF_SCALE_GRADIENTS = ("tiny", "huge", EXTREME_GRADIENT)
+"""The gradient kinds far from unit scale (cases/data.py), where a step that is not scale invariant shows."""
 EPS_SHRINK = 32.0
 """An error whose relative size falls by more than this factor when the gradients grow 2^10 comes
 from an additive constant in the normaliser (its eps); scale-invariant defects keep their size."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Structure:
-    """Of the target's steps against the reference's, over every member and step.
-
-    errors[k]: relative error of step k (worst member); first_ok: every member's first step within
-    its reference tolerance (None where the policy has no entry); factor: least-squares c in dX ~ c dref;
-    factor_left: relative error left after that fit; along_param: |<err, x>| / (||err|| ||x||);
-    row_left: error left after fitting one factor per output row, relative to the error;
-    step_factors, step_left: the least-squares factor of each member's each step, and the error
-    left after fitting them, relative to the error;
-    shrink: the relative error over the run / the same with gradients x 2^10 (scale invariance
-    leaves it ~1; a normaliser's additive eps makes it large)."""
-
-    errors: list[float]
-    first_ok: bool | None
-    factor: float
-    factor_left: float
-    along_param: float
-    row_left: float
-    step_factors: list[float]
-    step_left: float
-    shrink: float
-    error: float = 0.0
-    """||err|| / ||dref|| over the run."""
-    noise: float = 0.0
-    """The same of ours on the case where bf16 is involved (a correct run's own error), else 0."""
-
-    def beyond_noise(self, left: float) -> float:
-        """`left` (a fraction of the error a model leaves) less, in quadrature, the fraction a correct
-        run's own error accounts for: bf16 noise is no part of any model of a defect."""
-        if not (self.noise and self.error):
-            return left
-        return math.sqrt(max(0.0, left**2 - min(1.0, self.noise / self.error) ** 2))
-
-
-def structure(case: Case, target: Target) -> Structure:
-    """Rerun `case` on `target` and measure the error's structure."""
-    inputs = make_inputs(case)
-    traj = target.run(inputs.params, inputs.grads, case)
-    try:
-        pol = policy(case, target, inputs)
-    except tolerance.NoEntry:
-        pol = None
-    first_ok = None if pol is None else True
-    per_step: dict[int, float] = {}
-    num = den = 0.0
-    err_sq = left_sq = row_left_sq = step_left_sq = 0.0
-    along, step_factors = [], []
-    for where, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
-        k = int(where.rsplit(" ", 1)[1]) - 1
-        if k == 0 and pol is not None:
-            tol = pol.at(int(where.split()[1]), 0)
-            first_ok = first_ok and compare_step(x_prev, x_new, x_ref, case.param_dtype, tol.rtol,
-                                                 tol.storage_ulps).ratio <= 1.0
-        step, ref = x_new - x_prev, x_ref - x_prev
-        err = step - ref
-        ref_norm, err_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(err))
-        per_step[k] = max(per_step.get(k, 0.0), err_norm / ref_norm if ref_norm else (math.inf if err_norm else 0.0))
-        num += float(np.vdot(step, ref))
-        den += float(np.vdot(ref, ref))
-        if ref_norm:
-            c_step = float(np.vdot(step, ref)) / ref_norm**2
-            step_factors.append(c_step)
-            step_left_sq += float(np.sum((step - c_step * ref) ** 2))
-        err_sq += err_norm**2
-        x_norm = float(np.linalg.norm(x_prev))
-        if err_norm and x_norm:
-            along.append(abs(float(np.vdot(err, x_prev))) / (err_norm * x_norm))
-        rows_s, rows_r = step.reshape(case.shape[0], -1), ref.reshape(case.shape[0], -1)
-        rr = np.einsum("ij,ij->i", rows_r, rows_r)
-        c = np.where(rr > 0, np.einsum("ij,ij->i", rows_s, rows_r) / np.where(rr > 0, rr, 1.0), 0.0)
-        row_left_sq += float(np.sum((rows_s - c[:, None] * rows_r) ** 2))
-    factor = num / den if den else math.nan
-    for _, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
-        left_sq += float(np.sum(((x_new - x_prev) - factor * (x_ref - x_prev)) ** 2))
-    err_total = math.sqrt(err_sq)
-    rel = err_total / math.sqrt(den) if den else math.inf
-    scaled = _relative_error(case, target, inputs.scaled(SCALE_FACTOR))
-    noise = 0.0
-    if "bf16" in (case.param_dtype, case.compute_dtype):
-        from harness.targets import (
-            load_target,  # the targets import the runner, which imports this module
-        )
-        noise = _relative_error(case, load_target("ours"), inputs)
-    return Structure(errors=[per_step[k] for k in sorted(per_step)], first_ok=first_ok, factor=factor,
-                     factor_left=math.sqrt(left_sq) / err_total if err_total else 0.0,
-                     along_param=float(np.mean(along)) if along else 0.0,
-                     row_left=math.sqrt(row_left_sq) / err_total if err_total else 0.0,
-                     step_factors=step_factors, step_left=math.sqrt(step_left_sq) / err_total if err_total else 0.0,
-                     shrink=rel / scaled if scaled else (math.inf if rel else 1.0), error=rel, noise=noise)
-
-
-def _relative_error(case: Case, target: Target, inputs: Inputs) -> float:
-    """||err|| / ||dref|| over every step and member of `target`'s run of `inputs`."""
-    traj = target.run(inputs.params, inputs.grads, case)
-    err_sq = ref_sq = 0.0
-    for _, x_prev, x_new, x_ref in reference_steps(case, target, inputs.params, inputs.grads, traj):
-        err_sq += float(np.sum(((x_new - x_prev) - (x_ref - x_prev)) ** 2))
-        ref_sq += float(np.sum((x_ref - x_prev) ** 2))
-    return math.sqrt(err_sq / ref_sq) if ref_sq else math.inf
 
 
 def _by_check(records: list[Record]) -> dict[str, Record]:
@@ -176,16 +87,10 @@ def _held(checks: dict[str, Record], name: str) -> bool:
 
 
 def _from_pattern(checks: dict[str, Record]) -> str | None:
-    """A diagnosis from which checks failed alone, or None."""
-    if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
-        return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
-    if _failed(checks, "equiv2d"):
-        return "flattened-geometry: equiv2d fails; [out, *rest] does not step as [out, prod(rest)]"
-    if _failed(checks, "replicas"):
-        return "replicas: ranks hold different parameters after the step"
-    if (_failed(checks, "local_shard") or _failed(checks, "layout")) and "reference" in checks:
-        return ("shard-local: the distributed step differs from the same-sharding reference or from the "
-                "single-process run; something is computed per shard")
+    """A diagnosis from which checks failed alone (after members-mixed, replicas and selection), or None."""
+    if _failed(checks, "layout"):
+        return ("shard-local: the distributed step differs from the target's single-process step; something "
+                "is computed per shard")
     if _failed(checks, "finite"):
         return "non-finite: a degenerate gradient leaves NaN/inf in the parameters"
     if _failed(checks, "scale") and _held(checks, "reference"):
@@ -201,7 +106,21 @@ def _from_pattern(checks: dict[str, Record]) -> str | None:
     return None
 
 
-def _from_robust(checks: dict[str, Record]) -> str | None:
+def _rescaled(case: Case, judged: Judged, message: str) -> str:
+    """rescale fails: normaliser-eps, or momentum where the scaled run repeats the first step and not a later
+    one (structure.scale_relation)."""
+    scaled = judged.runs.get("rescale")
+    if scaled is not None and judged.trajectory is not None and case.steps > 1:
+        ratios = scale_relation(case, judged.trajectory, scaled)
+        if ratios[0] <= 1.0 < max(ratios[1:]):
+            return (f"momentum: the run with gradients x 2^10 repeats the first step and not the later ones "
+                    f"(relation ratios per step {', '.join(f'{r:.2g}' for r in ratios)}): state carried between "
+                    f"steps depends on the gradients' scale ({message})")
+    return (f"normaliser-eps: the run with gradients x 2^10 does not repeat the run without, where the "
+            f"declared eps cannot tell them apart ({message})")
+
+
+def _from_robust(case: Case, checks: dict[str, Record], judged: Judged) -> str | None:
     """A diagnosis from the bf16-robust checks (their messages start with the worst statistic), or None."""
     spectrum, norm, probe = checks.get("spectrum"), checks.get("norm"), checks.get("probe")
     rows = checks.get("rows")
@@ -209,8 +128,7 @@ def _from_robust(checks: dict[str, Record]) -> str | None:
         return f"weight-decay: the decay relation fails ({probe.message})"
     rescale = checks.get("rescale")
     if rescale is not None and rescale.failing:
-        return (f"normaliser-eps: the run with gradients x 2^10 does not repeat the run without, where the "
-                f"declared eps cannot tell them apart ({rescale.message})")
+        return _rescaled(case, judged, rescale.message)
     if rows is not None and rows.failing:
         return f"per-row-state: the update's rows are rescaled against the reference's, row by row ({rows.message})"
     if spectrum is not None and spectrum.failing:
@@ -236,17 +154,38 @@ def _constant_factor(s: Structure) -> str | None:
     return None
 
 
+def _flattened(case: Case, declared: Declared, judged: Judged) -> str:
+    """equiv2d fails: flattened-geometry, or lr-scale where one factor relates the flattened run to its
+    [out, prod(rest)] run (the lr fans come from the unflattened shape)."""
+    flat = judged.runs.get("equiv2d")
+    if flat is not None and judged.trajectory is not None:
+        pair = related(case, declared.conventions(case), judged.trajectory, flat)
+        if abs(pair.factor - 1.0) > SCALE_OFF and pair.left < EXPLAINED:
+            return (f"lr-scale: the flattened run's update is {pair.factor:.4g} x its [out, prod(rest)] run's "
+                    f"(one factor explains {1 - pair.left:.0%} of their difference): the lr fans come from the "
+                    f"unflattened shape")
+    return "flattened-geometry: equiv2d fails; [out, *rest] does not step as [out, prod(rest)]"
+
+
 def _from_structure(case: Case, s: Structure) -> str:
     errors = ", ".join(f"{e:.2g}" for e in s.errors)
-    if s.shrink > EPS_SHRINK:
+    if s.shrink is not None and s.shrink > EPS_SHRINK:
         return (f"normaliser-eps: the error shrinks {s.shrink:.3g}x when the gradients grow 2^10; an error "
                 f"that vanishes at scale is the normaliser's eps")
+    if s.swaps and s.swapped is not None and s.swapped < EXPLAINED:
+        matched = (f"{s.swaps} member step(s) are another member's reference update (what is left of the error "
+                   f"{s.swapped:.0%})")
+        if case.world_size > 1:
+            return f"shard-local: {matched}: the distributed exchange hands updates to the wrong members"
+        return f"members-mixed: {matched}: updates land on the wrong members of the megabatch"
     if s.along_param > 0.5:
         return f"weight-decay: the error lies along the parameter (|cos| {s.along_param:.2f}); errors per step {errors}"
     decay = case.lr * case.weight_decay
     if s.factor_left < EXPLAINED and decay > 0 and abs(s.factor - (1.0 - decay)) < 0.1 * decay:
         return (f"weight-decay: the step is (1 - lr wd) = {s.factor:.6g} x the reference's: decay applied "
                 f"after the update")
+    if abs(s.factor) < SCALE_OFF:
+        return _vanished(case, s.factor)
     scaled = _constant_factor(s)
     if scaled:
         return scaled
@@ -258,42 +197,90 @@ def _from_structure(case: Case, s: Structure) -> str:
     if s.beyond_noise(s.row_left) < EXPLAINED:
         return (f"per-row-state: one factor per output row explains {1 - s.row_left:.0%} of the error "
                 f"(row statistics or row normalisation)")
+    if s.kernel_row_left is not None and s.beyond_noise(s.kernel_row_left) < EXPLAINED:
+        return (f"flattened-geometry: one factor per row of the unflattened kernel's trailing slices explains "
+                f"{1 - s.kernel_row_left:.0%} of the error, one per output row {1 - s.row_left:.0%}: statistics "
+                f"of the [..., {case.shape[-2]}, {case.shape[-1]}] slices where the flattened matrix is declared")
+    if s.shard_left is not None and s.beyond_noise(s.shard_left) < EXPLAINED:
+        return (f"shard-local: each rank's piece of the update is the orthogonalization of its own piece of the "
+                f"direction, up to one factor per row (that model leaves {s.shard_left:.0%} of the error): the "
+                f"step is computed per shard")
     if len(s.errors) > 1 and s.first_ok is not False and s.errors[0] < 0.25 * max(s.errors[1:]):
         return f"momentum: step 1 is within its tolerance, the error grows over the steps ({errors})"
-    return f"orthogonalizer: the orthogonalized update itself differs (errors per step {errors})"
+    return _unexplained(f"errors per step {errors}")
 
 
-def diagnose(case: Case, target: Target, records: list[Record]) -> str:
-    """One line: the likely kind of bug behind the failing checks of `case` ("" if none failed)."""
+def _vanished(case: Case, factor: float) -> str:
+    """The judged steps are under SCALE_OFF x the reference's, so every factor model fits them: a distributed
+    step that loses its update (ownership, padding, gather), a step that is not scale invariant at the tiny
+    gradients' scale (the normaliser's eps), else no model is named."""
+    moved = f"the judged steps are {factor:.2g} x the reference's: the update vanishes"
+    if case.world_size > 1:
+        return f"shard-local: {moved} on {case.world_size} ranks, where one process's orthogonalized step would not"
+    if case.grad in OFF_SCALE_GRADIENTS:
+        return (f"normaliser-eps: {moved} under {case.grad} gradients, where a scale-invariant step keeps its size: "
+                f"the normaliser's eps or range")
+    return _unexplained(f"{moved}, so every factor model fits it and none is named")
+
+
+def _unexplained(evidence: str) -> str:
+    """No model of the error's shape explains it: the orthogonalized update itself differs."""
+    return f"orthogonalizer: the orthogonalized update itself differs ({evidence})"
+
+
+def diagnose(case: Case, declared: Declared, records: list[Record], judged: Judged) -> str:
+    """One line: the likely kind of bug behind the failing checks of `case` ("" if none failed), from the
+    records and what the checks judged (`judged`), under the conventions the target declares."""
     if not any(r.failing for r in records):
         return ""
     checks = _by_check(records)
     if all(r.status == "error" for r in records if r.failing):
         return "error: the target raised (see the message)"
+    try:
+        return _diagnose(case, declared, checks, judged)
+    except NoTrajectory:
+        return "undiagnosed: the checks judged no trajectory, and no check's pattern names a cause"
+    except Exception as exc:  # a diagnosis never hides the verdict it explains
+        return f"undiagnosed: measuring the error's structure raised {type(exc).__name__}: {exc}"
+
+
+class NoTrajectory(LookupError):
+    """The structure of the error is asked of a case whose checks judged no trajectory."""
+
+
+def _structure(case: Case, declared: Declared, judged: Judged) -> Structure:
+    if judged.trajectory is None:
+        raise NoTrajectory(case.id)
+    return structure(case, declared, judged)
+
+
+def _diagnose(case: Case, declared: Declared, checks: dict[str, Record], judged: Judged) -> str:
+    if _failed(checks, "nonfinite"):
+        return (f"non-finite: a NaN gradient element is not handled as the documented policy says "
+                f"({checks['nonfinite'].message})")
+    if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
+        return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
+    if _failed(checks, "replicas"):
+        return "replicas: ranks hold different parameters after the step"
+    s = _structure(case, declared, judged) if algorithm(case).selects else None
+    if s is not None and s.selection:
+        return (f"selection: the update moves {s.selection} slice(s) (over the members and steps) that the "
+                f"reference's top-k selection leaves out, or leaves selected ones unmoved")
+    if _failed(checks, "equiv2d"):
+        return _flattened(case, declared, judged)
     found = _from_pattern(checks)
-    if found and label(found) == "flattened-geometry" and case.layout == "single":
-        try:
-            scaled = _constant_factor(structure(case, target))
-        except Exception:  # the pattern's diagnosis stands
-            scaled = None
-        found = f"{scaled} (equiv2d fails too: the lr fans come from the unflattened shape)" if scaled else found
     if found:
         return found
-    if case.layout != "single":
-        return "orthogonalizer: the distributed reference fails, no relation singles out a cause"
-    if not _failed(checks, "reference"):
-        found = _from_robust(checks)
+    if case.layout == "single" and not _failed(checks, "reference"):
+        found = _from_robust(case, checks, judged)
         if found:
             return found
-    try:
-        return _from_structure(case, structure(case, target))
-    except Exception as exc:  # a diagnosis never hides the verdict it explains
-        return f"undiagnosed: rerunning the case raised {type(exc).__name__}: {exc}"
+    return _from_structure(case, s or _structure(case, declared, judged))
 
 
-def annotate(case: Case, target: Target, records: list[Record]) -> list[Record]:
-    """`records` with the case's diagnosis on every failing record."""
-    line = diagnose(case, target, records)
+def annotate(case: Case, target: Target, records: list[Record], judged: Judged) -> list[Record]:
+    """`records` with the case's diagnosis on every failing record, made from what the checks judged."""
+    line = diagnose(case, Declared.of(target), records, judged)
     if not line:
         return records
     return [dataclasses.replace(r, diagnosis=line) if r.failing else r for r in records]

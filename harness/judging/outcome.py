@@ -42,6 +42,10 @@ class Outcome:
     evidence: Evidence | None = None
     """The worst step's updates, for the report's pictures (reference checks)."""
     unsupported: bool = False
+    run: Trajectory | None = None
+    """The other run of the case's inputs this check judged the target by, kept for the diagnosis
+    (harness/judging/diagnosis.py): `scale` and `rescale` the run with gradients x 2^10, `equiv2d` the
+    [out, prod(rest)] run in the case's shape."""
 
     @property
     def status(self) -> str:

@@ -119,7 +119,7 @@ def applies(case: Case, compute_dtype: str) -> bool:
             and noise.covers(case))
 
 
-def _orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Conventions) -> np.ndarray:
+def orthogonal_part(x_prev: np.ndarray, x_new: np.ndarray, case: Case, conv: Conventions) -> np.ndarray:
     """O with x_new = apply_update(x_prev, O) under the declared conventions (exact inverse in FP64)."""
     scale = lr_scale(x_prev.shape, conv.lr_scale, conv.lr_dims)
     lr_wd = case.lr if conv.weight_decay_lr == "base" else case.lr * scale
@@ -190,12 +190,12 @@ def statistics(case: Case, target: Target, inputs: Inputs, traj: Trajectory,
         x_norm = float(np.linalg.norm(x_prev))
         decay.append(float(np.vdot(err, x_prev)) / (x_norm * math.sqrt(ref_sq)) if x_norm else 0.0)
         if spectrum and "sv_mean" in extra_statistics(case.optimizer):
-            judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
-            wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
+            judged = matrix_view(orthogonal_part(x_prev, x_new, case, conv), case.flatten)
+            wanted = matrix_view(orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
             logs.extend(spectrum_logs(judged, wanted, direction, u, storage_rounding(x_ref, resolved_as, resolution)))
         if spectrum and "row_spread" in extra_statistics(case.optimizer):
-            judged = matrix_view(_orthogonal_part(x_prev, x_new, case, conv), case.flatten)
-            wanted = matrix_view(_orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
+            judged = matrix_view(orthogonal_part(x_prev, x_new, case, conv), case.flatten)
+            wanted = matrix_view(orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
             for a, b in zip(judged, wanted):
                 ra, rb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
                 keep = rb > SV_FLOOR * rb.max() if rb.size and rb.max() > 0 else rb > 0
@@ -354,7 +354,7 @@ def rescale_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) 
     metrics, where = _stepwise(case, inputs, traj, other, lambda a_prev, a_new, b_step: a_prev + b_step)
     tol = storage_relation(f"scale relation, gradients x {base.SCALE_FACTOR:g}")
     return Outcome("rescale", metrics, tol, f"gradients x {base.SCALE_FACTOR:g} vs x 1: "
-                                                 + describe(metrics, where, tol))
+                                                 + describe(metrics, where, tol), run=other)
 
 
 def judge(name: str, values: dict[str, float], measured: Noise | None, key: object) -> Outcome:
