@@ -254,7 +254,7 @@ OPTIONS = {"muon_target": "ours", "muon_tier": "ci", "muon_select": [LINEAR], "m
     ({"muon_target": "harness.targets:TargetError"},
      "the callable must return a harness Target; TargetError() returned TargetError"),
     ({"muon_target": "raises_on_import:target"}, "'raises_on_import:target': loading it raised RuntimeError: boom"),
-    ({"muon_select": ["no-such-case"]}, "--muon-select ['no-such-case']: no case of tier 'ci' matches"),
+    ({"muon_select": ["no-such-case"]}, "--muon-select ['no-such-case']: no case of the target's 'ci' tier matches"),
     ({"muon_backend": "cpu,tpu"}, "--muon-backend 'cpu,tpu': name distinct backends of"),
     ({"muon_backend": "cpu,cpu"}, "--muon-backend 'cpu,cpu': name distinct backends of"),
     ({"muon_tier": "weekly"}, "--muon-tier 'weekly': expected one of ci, nightly"),

@@ -20,6 +20,8 @@ from harness.targets.ours import OursMuon
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD = "391bf98"
+CONVERTED = "7826f5a"
+"""The commit that converted the four tables to the one format, with OLD's numbers."""
 """The commit before the one policy package: the tables' old formats."""
 
 
@@ -95,18 +97,25 @@ def test_a_malformed_table_is_refused_naming_what_is_missing():
         tables.Table("noise", "", {}, {Key.parse("muon/fp32@bf16/ns/gaussian"): tables.Entry(1, {"norm": -1.0})})
 
 
-def _old(path: str) -> dict:
-    """A data file as commit OLD held it."""
-    done = subprocess.run(["git", "-C", str(ROOT), "show", f"{OLD}:{path}"], capture_output=True, text=True)
+def _old(path: str, commit: str = OLD) -> dict:
+    """A data file as `commit` held it (default OLD)."""
+    done = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"commit {OLD} is not in this clone (shallow?): {done.stderr.strip()}")
+        pytest.skip(f"commit {commit} is not in this clone (shallow?): {done.stderr.strip()}")
     return json.loads(done.stdout)
 
 
+def _converted(name: str, tmp_path) -> tables.Table:
+    """A table as the conversion (commit CONVERTED) wrote it: the files have been measured anew since."""
+    path = tmp_path / name
+    path.write_text(json.dumps(_old(f"harness/policy/data/{name}", CONVERTED)))
+    return tables.read(path)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_every_coefficient_number_survived_the_conversion(device):
+def test_every_coefficient_number_survived_the_conversion(device, tmp_path):
     old = _old(f"harness/tolerance_measured/{device}.json")
-    new = tables.read(tables.DATA_DIR / f"tolerance_{device}.json")
+    new = _converted(f"tolerance_{device}.json", tmp_path)
     assert " ; ".join(new.provenance["commands"]) == old["command"]
     for field in ("date", "torch", "device", "tier", "cases", "runs", "ill_posed_not_counted", "seconds"):
         assert new.provenance[field] == old[field], field
@@ -118,9 +127,9 @@ def test_every_coefficient_number_survived_the_conversion(device):
                                                           {"c": v["worst_case"]}), text
 
 
-def test_every_noise_number_survived_the_conversion():
+def test_every_noise_number_survived_the_conversion(tmp_path):
     old = _old("harness/bf16_noise.json")
-    new = tables.read(tables.DATA_DIR / noise.NOISE_TABLE)
+    new = _converted(noise.NOISE_TABLE, tmp_path)
     assert (new.provenance["commands"], new.provenance["date"], new.provenance["torch"]) == (
         old["commands"], old["date"], old["torch"])
     assert new.conditions == {"layers": old["layers"]} and len(new.entries) == len(old["worst"])
@@ -129,9 +138,9 @@ def test_every_noise_number_survived_the_conversion():
         assert e.worst == worst and e.n == old["cases"][text], text
 
 
-def test_every_drift_number_survived_the_conversion():
+def test_every_drift_number_survived_the_conversion(tmp_path):
     old = _old("harness/bf16_drift_noise.json")
-    new = tables.read(tables.DATA_DIR / noise.DRIFT_TABLE)
+    new = _converted(noise.DRIFT_TABLE, tmp_path)
     assert (new.provenance["commands"], new.provenance["date"], new.provenance["torch"]) == (
         old["commands"], old["date"], old["torch"])
     assert new.conditions == {"factor": old["factor"]} and list(new.panel) == old["correct"]

@@ -318,7 +318,7 @@ DROP = object()
     ({"targets": ["torch"]}, r"targets \['torch'\], the records \['ours'\]"),
     ({"world_sizes": [1]}, r"world_sizes \[1\], the records \[1, 4\]"),
     ({"complete": False}, "complete False with interrupted ''"),
-    ({"schema_version": 3}, "schema_version 3, results.parquet's 4"),
+    ({"schema_version": 3}, f"schema_version 3, results.parquet's {SCHEMA_VERSION}"),
 ])
 def test_an_inconsistent_run_json_is_a_one_line_refusal(tmp_path, changes, message):
     save_run(RECORDS, INFO, tmp_path)

@@ -35,7 +35,7 @@ from typing import Callable, Sequence, TextIO
 
 import torch
 
-from cases import Case, ci_cases
+from cases import Case, axes, ci_cases
 from harness.algorithms import algorithm
 from harness.apps.selftest_catalog import CATALOG, Defect, spec
 from harness.judging import checks, diagnosis, registry, robust_checks
@@ -391,6 +391,8 @@ def candidates(defect: Defect, target: Target, ours: Target, tier: list[Case], b
             break
         if (c.compute_dtype == "bf16") != bf16 or (c.layout != "single") != defect.distributed:
             continue
+        if c.grad in (axes.EXTREME_GRADIENT, axes.NONFINITE_GRADIENT):
+            continue  # the range and non-finite cases judge the normaliser and the NaN policy, not the catalog's defects
         why = why_hidden(defect, target, ours, c)
         if why is None:
             chosen.append(c)
