@@ -97,7 +97,9 @@ def test_a_tall_result_comes_back_row_major_in_the_input_dtype(name):
 def test_one_gpt2_like_step_launches_few_kernels():
     """Kernels of one step on GPT-2 small's 48 matrices (scaled down; CPU profiler): momentum and the
     apply are foreach passes (not two and one per parameter), the normaliser's divide and cast one
-    pass, no identity matrix formed. Before issue 13's pass cuts: 274 (Gram NS) and 232 (Polar Express)."""
+    pass, no identity matrix formed. Before issue 13's pass cuts: 274 (Gram NS) and 232 (Polar Express); the
+    overflow-safe normaliser (issue 30 item 9: a max-abs reduction, the power of two, its scaling) adds 19 to
+    Gram NS's 130 and 14 to Polar Express's 100 on their 4 megabatches."""
     counts = {}
     for name in ("gram_newton_schulz", "polar_express"):
         params = gpu_step.make_params(gpu_step.SETS["gpt2_small"](0.02), torch.device("cpu"))
@@ -106,8 +108,8 @@ def test_one_gpt2_like_step_launches_few_kernels():
         counts[name] = kernels
         assert kernels["aten::add_"] + kernels["aten::mul_"] <= 12, kernels  # diagonal adds only
         assert kernels["aten::eye"] == 0 and kernels["aten::_foreach_add_"] >= 1, kernels
-    assert sum(counts["gram_newton_schulz"].values()) <= 130, counts
-    assert sum(counts["polar_express"].values()) <= 100, counts
+    assert sum(counts["gram_newton_schulz"].values()) <= 149, counts
+    assert sum(counts["polar_express"].values()) <= 114, counts
 
 
 def _step_three(opt, params, seed=8):

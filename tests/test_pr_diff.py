@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from argparse import Namespace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,7 @@ def test_a_base_run_that_stores_nothing_is_an_error_and_removes_the_worktree(rep
     monkeypatch.chdir(repo)
     head = tmp_path / "head"
     save_run([], RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0,
-                         torch_version=""), head)  # a stored run of no records
+                         torch_version="", commit=sha(repo)), head)  # a stored run of no records, of HEAD
     trees = []
 
     def base_fails(checkout: Path, pythonpath: Path, out: Path, options: list[str], which: str) -> None:
@@ -166,6 +167,12 @@ def test_a_base_run_that_stores_nothing_is_an_error_and_removes_the_worktree(rep
     assert not (tmp_path / "out" / "diff.md").exists()
 
 
+def sha(repo: Path) -> str:
+    """The commit checked out in `repo` (what a --head-run of it must record)."""
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def test_a_base_run_of_another_commit_is_refused(repo, tmp_path, monkeypatch, capsys):
     """The base run must record the base's commit: a run made by another checkout's harness (say, the
     head's, picked up through an installed package) would compare the head with itself."""
@@ -174,7 +181,7 @@ def test_a_base_run_of_another_commit_is_refused(repo, tmp_path, monkeypatch, ca
     head = tmp_path / "head"
     info = RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0, torch_version="",
                    commit="0000000")
-    save_run([], info, head)
+    save_run([], replace(info, commit=sha(repo)), head)
     monkeypatch.setattr(pr_diff, "_harness_run", lambda checkout, pythonpath, out, options, which:
                         save_run([], info, out))
     assert pr_diff.command(usage(tmp_path, head_run=head)) == 2
@@ -202,7 +209,7 @@ def test_sigterm_during_the_base_run_removes_the_worktree(repo, tmp_path):
     git(repo, "checkout", "-q", "base")
     head = tmp_path / "head"
     save_run([], RunInfo(target="ours", tier="ci", backends="cpu", command="", started="", seconds=0.0,
-                         torch_version=""), head)
+                         torch_version="", commit=sha(repo)), head)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY")}
     process = subprocess.Popen([sys.executable, "-m", "harness", "pr-diff", "--base-ref", "base", "--head-run",
                                 str(head), "--out", str(tmp_path / "out"), *SELECTION], cwd=repo, env=clean,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cases import Case, ci_cases
+from cases import Case, axes, ci_cases
 from harness.algorithms import registry
 from harness.judging.checks import policy
 from harness.policy import allowance, keys, sensitivity, tables, tolerance
@@ -135,9 +135,19 @@ def test_the_measurement_reproduces_within_its_recorded_worst(key):
 
 
 def test_policy_covers_our_muon_on_every_ci_case():
+    """Every CI case our Muon runs has an entry, but a case no tolerance could judge (a selection tie, or
+    tolerance.unmeasurable_why), whose reference check is skipped as ill-posed, never unsupported. A case of
+    non-finite gradients is judged by its policy check alone."""
     for case in ci_cases()[::3]:
+        if case.grad == axes.NONFINITE_GRADIENT:
+            continue
         inputs = make_inputs(case)
-        pol = policy(case, OursMuon(), inputs)
+        try:
+            pol = policy(case, OursMuon(), inputs)
+        except tolerance.NoEntry:
+            got = checks_of(case.id, OursMuon())["reference"]
+            assert got.status == "skipped" and "ill-posed" in got.message, (case.id, got.status, got.message)
+            continue
         assert 0.0 < pol.at(0, 0).rtol and pol.at(0, 0).source, case.id
 
 
