@@ -68,6 +68,7 @@ h1.regressed { color: #8b0000; }
 h1.ok { color: #115e11; }
 tr.regression td:first-child { border-left: 4px solid #8b0000; }
 td.changed { background: #fff3c4; }
+td.case-id { font-size: 0.8rem; }
 td.transition { white-space: nowrap; }
 section { margin-top: 1.2rem; }
 """
@@ -268,7 +269,7 @@ def _cell(column: str, values: dict[str, object]) -> str:
         short = text if len(text) <= NOTE_CHARS else text[:NOTE_CHARS] + "\u2026"
         return f'<td title="{escape(text)}"><div class="clip">{escape(short)}</div></td>'
     if column == "case_id":
-        return f"<td>{case_id_html(str(value))}</td>"
+        return f'<td class="case-id">{case_id_html(str(value))}</td>'
     if column in NUMERIC_COLUMNS:
         shown = format_metric(value) if isinstance(value, float) else str(value)
         return f'<td class="num">{shown}</td>'

@@ -149,8 +149,9 @@ def data_value(value: object) -> str:
 
 
 def case_id_html(case_id: str) -> str:
-    """A case id escaped, with a line-break opportunity after each '/' (ids run to 125 characters)."""
-    return escape(case_id).replace("/", "/<wbr>")
+    """A case id escaped, with a line-break opportunity after each '/', and after each '_' of a token that
+    names hyper-parameters (ids run to 140 characters: "plain_mu0.9/wd0.0001_lr0.05")."""
+    return escape(case_id).replace("/", "/<wbr>").replace("_mu", "_<wbr>mu").replace("_lr", "_<wbr>lr")
 
 
 def label(column: str) -> str:
