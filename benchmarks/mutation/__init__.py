@@ -6,5 +6,5 @@ oracles, gloo cases for distributed code, the unit tests (validation, state, che
 negative controls) for the rest, in a forked process on a scratch copy of the project (workers.py,
 judge.py). Sessions resume (session.py); survivors are triaged against a reviewed list of
 equivalent mutants (equivalent.py, equivalent.toml); the table per module is table.py's.
-Usage and the choice of tool: docs/mutation.md.
+Usage: `python -m benchmarks.mutation --help`; the tools and why: docs/contributing.md, Dependencies.
 """

@@ -1,5 +1,5 @@
 """`python -m benchmarks.mutation`: mutation testing of the optimizers and the oracles, with the
-harness as the oracle (see benchmarks/mutation/__init__.py and docs/mutation.md).
+harness as the oracle (see benchmarks/mutation/__init__.py).
 
   python -m benchmarks.mutation --session DIR [--modules PATH ...] [--changed-since REV]
          [--budget-minutes N] [--jobs N] [--max-cases N] [--max-gloo N] [--max-tests N]
