@@ -442,12 +442,17 @@ def check_pr_diff(folder: Path, gpus: bool) -> None:
 
 
 def check_torch(folder: Path, gpus: bool) -> None:
-    """The finding's pattern: every failure is a bf16 parameter without Nesterov, the step-by-step
-    checks at step 2 or later; the bf16 Nesterov cases and every other supported case pass."""
+    """The findings' patterns: every failure is either the bf16 momentum buffer's (a bf16 parameter without
+    Nesterov, the step-by-step checks at step 2 or later) or the normaliser's overflow (extreme gradients, the
+    update lost: `reference`); the bf16 Nesterov cases and every other supported case pass."""
     got = records(folder / "out-torch")
     failing = [r for r in got if r.failing]
     assert failing and all(r.status == "fail" for r in failing)
+    overflow = [r for r in failing if r.grad == "extreme"]
+    assert overflow and all(r.check == "reference" for r in overflow), overflow
     for r in failing:
+        if r.grad == "extreme":
+            continue
         assert r.param_dtype == "bf16" and "/plain" in r.case_id, r
         assert r.check in ("norm", "spectrum", "probe", "rescale") or worst_step(r) >= 2, r  # bf16 checks judge all steps
     assert any(r.status == "pass" and r.param_dtype == "bf16" and "/nesterov" in r.case_id for r in got)

@@ -57,7 +57,8 @@ class AlgorithmInfo:
     includes: the algorithm whose every step this one can take (Dion2 with fraction 1 is Muon), or None:
     its measured rounding bounds this one's from below (harness/policy);
     robust_checks: its own bf16-robust checks beyond norm and probe (harness/judging/robust_checks.py);
-    drift: whether its long bf16 runs are judged for drift."""
+    drift: whether its long bf16 runs are judged for drift.
+    rows_only: a selecting algorithm that selects rows whatever the matrix's shape (NorDion2)."""
 
     name: str
     oracle: Callable[[Case, Conventions], Oracle]
@@ -71,6 +72,7 @@ class AlgorithmInfo:
     includes: str | None = None
     robust_checks: tuple[str, ...] = ()
     drift: bool = False
+    rows_only: bool = False
 
     @property
     def elementwise(self) -> bool:

@@ -33,7 +33,7 @@ def _invariant(case: Case) -> bool:
     return selection_blocks(case, rows_only=True) is None and shard_dim(case.layout) != 0
 
 
-INFO = AlgorithmInfo("nordion2", _oracle, selected_directions(True), selection_ill_posed, selects=True,
+INFO = AlgorithmInfo("nordion2", _oracle, selected_directions(True), selection_ill_posed, selects=True, rows_only=True,
                      local_blocks=lambda case: selection_blocks(case, rows_only=True),
                      equivalent=fraction_one("normuon"), layout_invariant=_invariant,
                      options=lambda case: {**options(case), "beta2": case.beta2},

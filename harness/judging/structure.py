@@ -142,7 +142,7 @@ def moved_slices(case: Case, conv: Conventions, x_prev: np.ndarray, x_new: np.nd
     wanted = matrix_view(orthogonal_part(x_prev, x_ref, case, conv), case.flatten)
     spacing = matrix_view(ulp(x_ref, case.param_dtype), case.flatten) / scale
     params = matrix_view(x_prev, case.flatten)
-    rows_only = algorithm(case).name == "nordion2"
+    rows_only = algorithm(case).rows_only
     count = 0
     for a, b, s, x in zip(judged, wanted, spacing, params):
         if not selects_rows(b.shape, rows_only):
