@@ -32,14 +32,14 @@ from harness.targets import load_target
 from reports import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
-SELECT = "linear-12x20/mb2/noflat/fp32@bf16"
 FIRST = "muon/linear-12x20/mb2/noflat/fp32@bf16/ns/rms_norm/plain/wd0/steps3/gaussian/seed0"
 EXITS = "muon/linear-12x20/mb2/noflat/fp32@bf16/pe/rms_norm/plain/wd0/steps3/gaussian/seed0"
 SEGFAULTS = "muon/linear-12x20/mb2/noflat/fp32@bf16/gns/spectral_norm/nesterov/wd0.1/steps1/gaussian/seed0"
 CASES = (FIRST, EXITS, SEGFAULTS)
+SELECTS = tuple(arg for case in CASES for arg in ("--select", case))
 DIST_FIRST = "muon/linear-12x20/mb1/noflat/fp64@fp64/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0/replicated/ws2"
 DIST_NEXT = "muon/linear-12x20/mb2/noflat/bf16@bf16/ns/rms_norm/nesterov/wd0.1/steps1/zero/seed0/shard1/ws2"
-"""The single-process cases SELECT picks, in run order: the faults strike the second and the third."""
+"""The single-process cases the runs select, in run order (the tier's): the faults strike the second and the third."""
 FINE = {"pass", "skipped"}
 """The statuses of a case our Muon steps without a fault (a check may not apply to it)."""
 
@@ -300,7 +300,7 @@ def test_a_jobs_run_records_a_dead_worker_on_its_case_and_goes_on(faulty, tmp_pa
     """`run --jobs 2` with a target that calls os._exit(3) on one case and segfaults on another: both cases are
     errors with the exit status and the last output, the run ends, and the first case passes (before issue 30:
     the run hung at [1/3] for ever)."""
-    proc = _harness(faulty, tmp_path, "--select", SELECT, "--backend", "cpu", "--jobs", "2", "--target",
+    proc = _harness(faulty, tmp_path, *SELECTS, "--backend", "cpu", "--jobs", "2", "--target",
                     "faulty_targets:crashes", "--out", str(tmp_path / "out"), "--quiet")
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 1, stderr
@@ -345,7 +345,7 @@ def test_a_run_whose_own_process_dies_stores_what_finished_and_names_the_case(fa
     """Without --isolate the target's os._exit(3) ends the harness process (its status is the run's), and the
     journal's watcher stores the finished case and the case it died in, marked incomplete (before: an empty
     --out and no case named)."""
-    proc = _harness(faulty, tmp_path, "--select", SELECT, "--backend", "cpu", "--target", "faulty_targets:crashes",
+    proc = _harness(faulty, tmp_path, *SELECTS, "--backend", "cpu", "--target", "faulty_targets:crashes",
                     "--out", str(tmp_path / "out"), "--quiet")
     _, stderr = proc.communicate(timeout=900)  # the watcher holds stderr until it has stored the run
     assert proc.returncode == 3, stderr
@@ -364,7 +364,7 @@ def test_sigterm_to_the_process_group_writes_what_finished_and_leaves_no_process
     """`run --jobs 2` while one case hangs, then SIGTERM to the whole process group (what `timeout` and a CI
     cancel send): exit 143, the finished cases stored and marked incomplete, every worker and the journal's
     watcher gone (before: still running 10 minutes later; a second SIGTERM lost everything and left workers)."""
-    proc = _harness(faulty, tmp_path, "--select", SELECT, "--backend", "cpu", "--jobs", "2", "--target",
+    proc = _harness(faulty, tmp_path, *SELECTS, "--backend", "cpu", "--jobs", "2", "--target",
                     "faulty_targets:hangs", "--out", str(tmp_path / "out"), start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
