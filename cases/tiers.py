@@ -206,36 +206,23 @@ def _gpu_fast_paths() -> Iterator[Case]:
 
 _EXTREME_DTYPES = (("fp32", "fp32", "polar_express"), ("fp32", "bf16", "newton_schulz"), ("bf16", "bf16", axes.GRAM),
                    ("fp64", "fp64", "polar_express"), ("fp64", "fp32", "svd"))
-
-
-def _extreme_gradients() -> Iterator[Case]:
-    """Gradients near each parameter dtype's range (axes.EXTREME_GRADIENT) for every matrix algorithm: every
-    orthogonalizer's normaliser, each compute dtype, a megabatch of two over two steps (the momentum sums them)."""
-    for entry in algorithms.registry():
-        if entry.elementwise:
-            continue
-        for pd, cd, orth in _EXTREME_DTYPES:
-            yield Case(layer="linear", megabatch=2, flatten=False, param_dtype=pd, compute_dtype=cd,
-                       orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=not entry.selecting, weight_decay=0.1,
-                       steps=2, grad=axes.EXTREME_GRADIENT, optimizer=entry.name,
-                       fraction=0.5 if entry.selecting else None)
-
-
+"""Extreme gradients (axes.EXTREME_GRADIENT): every orthogonalizer's normaliser, each compute dtype."""
 _NONFINITE_DTYPES = (("fp32", "fp32", "polar_express"), ("bf16", "bf16", "newton_schulz"), ("fp64", "fp64", "svd"),
                      ("fp32", "bf16", axes.GRAM))
+"""A NaN gradient element (axes.NONFINITE_GRADIENT) under every orthogonalizer."""
 
 
-def _nonfinite_gradients() -> Iterator[Case]:
-    """A NaN gradient element (axes.NONFINITE_GRADIENT) for every matrix algorithm and orthogonalizer: member 0's
-    last gradient, in a megabatch of two over two steps (the other member must step as it does alone)."""
+def _gradient_kind(grad: str, dtypes: tuple[tuple[str, str, str], ...]) -> Iterator[Case]:
+    """Gradients of kind `grad` for every matrix algorithm at each (param, compute, orthogonalizer) of `dtypes`:
+    a megabatch of two over two steps (the momentum sums extreme gradients; a NaN in member 0's last gradient
+    leaves the other member to step as it does alone)."""
     for entry in algorithms.registry():
         if entry.elementwise:
             continue
-        for pd, cd, orth in _NONFINITE_DTYPES:
+        for pd, cd, orth in dtypes:
             yield Case(layer="linear", megabatch=2, flatten=False, param_dtype=pd, compute_dtype=cd,
                        orthogonalizer=orth, adjust_lr="spectral_norm", nesterov=not entry.selecting, weight_decay=0.1,
-                       steps=2, grad=axes.NONFINITE_GRADIENT, optimizer=entry.name,
-                       fraction=0.5 if entry.selecting else None)
+                       steps=2, grad=grad, optimizer=entry.name, fraction=0.5 if entry.selecting else None)
 
 
 def algorithm_generators(tier: str) -> list[Callable[[], Iterable[Case]]]:
@@ -250,16 +237,16 @@ GENERATORS: dict[str, list[Callable[[], Iterable[Case]]]] = {
            lambda: _gram_peers(axes.LAYERS),
            *algorithm_generators("ci"),
            _tensor_parallel_ci,
-           _extreme_gradients,
-           _nonfinite_gradients],
+           lambda: _gradient_kind(axes.EXTREME_GRADIENT, _EXTREME_DTYPES),
+           lambda: _gradient_kind(axes.NONFINITE_GRADIENT, _NONFINITE_DTYPES)],
     "nightly": [*(functools.partial(cases_of, s) for s in SPACES["nightly"].values()),
                 lambda: _bf16_envelope(axes.all_layers()),
                 lambda: _gram_newton_schulz(axes.all_layers(), axes.DTYPE_PAIRS, 6),
                 lambda: _gram_peers(axes.all_layers()),
                 *algorithm_generators("nightly"),
                 lambda: _tensor_parallel(("linear", "linear_tall", "linear_wide_big")),
-                _extreme_gradients,
-                _nonfinite_gradients],
+                lambda: _gradient_kind(axes.EXTREME_GRADIENT, _EXTREME_DTYPES),
+                lambda: _gradient_kind(axes.NONFINITE_GRADIENT, _NONFINITE_DTYPES)],
     "gpu": [_gpu_fast_paths],
 }
 """What each tier is the union of; nightly also contains the whole CI tier; gpu holds only its own cases
