@@ -4,6 +4,7 @@ functions live here (spawned ranks import this module by name)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -51,6 +52,10 @@ def sleep_on_rank_zero(ctx) -> int:
     return rank_sum(ctx, 0)
 
 
+def value_of_module(ctx, name: str) -> int:
+    return importlib.import_module(name).VALUE
+
+
 def segfault_on_rank_one(ctx) -> int:
     if ctx.rank == 1:
         print("last words of rank 1", flush=True)
@@ -72,6 +77,19 @@ def test_values_come_back_per_rank_and_the_pool_is_reused(pools):
     live = pools._pools[("gloo", 3)]
     assert pools.run("gloo", 3, rank_sum, 0).values == [3, 3, 3]
     assert pools._pools[("gloo", 3)] is live
+
+
+def test_a_pool_spawned_before_sys_path_changed_is_rebuilt_so_its_ranks_import_from_the_new_path(
+        pools, tmp_path, monkeypatch):
+    """A user adds their targets' folder to sys.path after a first run: the ranks must see it too
+    (before: a pool spawned earlier kept the old path, and its ranks could not import the target)."""
+    assert pools.run("gloo", 2, rank_sum, 0).ok
+    stale = pools._pools[("gloo", 2)]
+    (tmp_path / "added_late_module.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = pools.run("gloo", 2, value_of_module, "added_late_module")
+    assert result.ok and result.values == [42, 42], result.describe()
+    assert pools._pools[("gloo", 2)] is not stale and not stale.alive
 
 
 @pytest.mark.parametrize("task, failing, text", [

@@ -38,6 +38,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -140,6 +141,7 @@ class RankPool:
 
     def __init__(self, backend: str, world_size: int, pg_timeout: float = 300.0) -> None:
         self.backend, self.world_size = backend, world_size
+        self.sys_path = tuple(sys.path)  # what the spawned ranks import targets from
         self._dir = Path(tempfile.mkdtemp(prefix=f"rankpool-{backend}{world_size}-"))
         self._conns: list[multiprocessing.connection.Connection] = []
         self._procs: list[Any] = []
@@ -263,7 +265,8 @@ class RankPool:
 
 
 class SpawnedPools:
-    """One live `RankPool` per (backend, world size), rebuilt when a task broke it."""
+    """One live `RankPool` per (backend, world size), rebuilt when a task broke it or when this process's
+    sys.path changed since it spawned (its ranks could not import a target from the new path)."""
 
     def __init__(self) -> None:
         self._pools: dict[tuple[str, int], RankPool] = {}
@@ -274,6 +277,8 @@ class SpawnedPools:
         (default: DEFAULT_TIMEOUT, read at call time); a pool that cannot start is a failed task
         whose message holds every rank's log."""
         pool = self._pools.get((backend, world_size))
+        if pool is not None and pool.sys_path != tuple(sys.path):
+            pool.close()
         if pool is None or not pool.alive:
             try:
                 pool = self._pools[(backend, world_size)] = RankPool(backend, world_size)
