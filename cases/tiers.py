@@ -24,7 +24,7 @@ import functools
 import itertools
 from typing import Callable, Iterable, Iterator
 
-from cases import algorithms, axes, layouts, space
+from cases import algorithms, axes, layouts, space, stored
 from cases.case import Case
 from cases.covering import Constraint, Space, covering_array
 
@@ -273,6 +273,11 @@ def _everything(case: Case) -> None:
 
 @functools.cache
 def _tier(name: str) -> tuple[Case, ...]:
+    """Tier `name`, as generated (`generate`) or read back from where it was stored (cases/stored.py)."""
+    return stored.stored_or_generated(name, lambda: generate(name))
+
+
+def generate(name: str) -> tuple[Case, ...]:
     """The written cases, then the rows of a covering array of the tier's full axis space (cases/space.py)
     that they leave to cover: the tier of a target that supports every case."""
     cases = written(name)
