@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from failing_cases import failed_cases
 
 from cases import Case, ci_cases
 from harness.runner import run_case
@@ -60,10 +61,11 @@ def test_control_is_invisible_where_harmless(control, c):
 
 @pytest.mark.parametrize("control", ["local_shard", "padding_leak", "wrong_params", "no_gather"])
 def test_each_control_fails_many_ci_cases(control):
-    spec = CONTROLS + control
-    target = load_target(spec)
-    # padding exists only where a sharded dim splits unevenly (or leaves a rank empty)
-    can_show = (lambda c: c.layout_detail.endswith(("uneven", "empty"))) if control == "padding_leak" else bool
-    distributed = [c for c in ci_cases() if c.layout != "single" and can_show(c)][::2]
-    failing = sum(any(r.failing for r in run_case(c, target, spec)) for c in distributed)
-    assert failing >= 5, f"{control} failed only {failing} of {len(distributed)} distributed CI cases"
+    can_show = {
+        "padding_leak": lambda c: c.layout_detail.endswith(("uneven", "empty")),  # a sharded dim split unevenly
+        "local_shard": lambda c: c.layout.startswith("shard"),                     # there are shards
+        "wrong_params": lambda c: c.megabatch > c.world_size,                      # an owner of two members
+    }.get(control, bool)
+    distributed = [c for c in ci_cases() if c.layout != "single" and can_show(c)]
+    failed, run = failed_cases(distributed, CONTROLS + control, enough=5)
+    assert failed == 5, f"{control} failed only {failed} of the {run} distributed CI cases it can show on"
