@@ -119,7 +119,7 @@ class Restricted(Target):
     def __init__(self, inner: Target, narrow: Narrow) -> None:
         self.inner, self.narrow = inner, narrow
         self.name = f"{inner.name}@{narrow.name}"
-        self.exact_relations = inner.exact_relations
+        self.exact_relations, self.exact_equivalents = inner.exact_relations, inner.exact_equivalents
 
     def version(self) -> str:
         return self.inner.version()

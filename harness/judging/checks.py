@@ -162,13 +162,15 @@ def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Out
 
 def fraction1(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
     """The target's run of `case` against its run of the equivalent case of another algorithm
-    (Dion2 with fraction 1 selects every slice: Muon with momentum ef_decay, no Nesterov)."""
+    (Dion2 with fraction 1 selects every slice: Muon with momentum ef_decay, no Nesterov); bitwise in fp64
+    only where the target claims both run the same arithmetic (`exact_equivalents`)."""
     other_case = algorithm(case).equivalent(case)
     assert other_case is not None, "fraction1 applies only where an equivalent case exists"
     why = target.unsupported(other_case)
     if why:
         return Outcome("fraction1", NO_METRICS, None, f"the equivalent case is unsupported: {why}", skipped=True)
-    out = relation("fraction1", case, target, inputs, traj, target.run(*_args(inputs), other_case))
+    out = relation("fraction1", case, target, inputs, traj, target.run(*_args(inputs), other_case),
+                   exact=target.exact_equivalents)
     return dataclasses.replace(out, message=f"vs {other_case.optimizer_token}: {out.message}")
 
 

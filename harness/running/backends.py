@@ -88,10 +88,10 @@ def natural(case: Case) -> Backend:
 def judged_as(target: Target, backend: Backend) -> Target:
     """`target` as judged on `backend`: a copy whose relations are not bitwise where the
     backend's kernels make them inexact (see Backend)."""
-    if backend.bitwise_relations or not target.exact_relations:
+    if backend.bitwise_relations or not (target.exact_relations or target.exact_equivalents):
         return target
     inexact = copy.copy(target)
-    inexact.exact_relations = False
+    inexact.exact_relations = inexact.exact_equivalents = False
     return inexact
 
 

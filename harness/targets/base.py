@@ -26,10 +26,14 @@ class Target(ABC):
       name: short name shown in reports.
       exact_relations: True if a megabatched run and the runs of its members alone
         use the same arithmetic, so that in fp64 they must agree bitwise.
+      exact_equivalents: True if its runs of two algorithms' equivalent cases (Dion2 with fraction 1
+        and Muon: the `fraction1` check) use the same arithmetic, so that in fp64 they must agree
+        bitwise; otherwise they agree within the case's tolerance (two code paths may round apart).
     """
 
     name: str = "target"
     exact_relations: bool = False
+    exact_equivalents: bool = False
 
     def version(self) -> str:
         """What is known of the implementation's version, shown in reports: by default the identity of the

@@ -21,6 +21,7 @@ class OursMuon(OptimizerTarget):
 
     name = "ours"
     exact_relations = True
+    exact_equivalents = True  # NorDion2/Dion2 at fraction 1 run the NorMuon/Muon arithmetic
     tensor_parallel = True
     """It takes tp_mode and num_heads from a TP case (harness/algorithms.py: `options`)."""
 
