@@ -35,7 +35,7 @@ import torch
 
 from optimizers import counters, elementwise
 from optimizers.kernels import TORCH, Kernels
-from optimizers.norms import denominator, downscale, entry_limit, frobenius, norm_limit, scale_of
+from optimizers.norms import denominator, entry_limit, norm_limit, scale_of, scaled_and_cast
 from optimizers.symmetric import (adds_identity, polynomial_product, polynomial_with_identity, symmetric_baddbmm,
                                   symmetric_bmm)
 
@@ -152,12 +152,12 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
     (optimizers/norms.py)."""
     wide = torch.promote_types(x.dtype, torch.float32)
     if norms is None:
-        power = downscale(x, (-2, -1), entry_limit(x.size(-2) * x.size(-1), wide, scale))
+        x, norm, power = scaled_and_cast(x, (-2, -1), entry_limit(x.size(-2) * x.size(-1), wide, scale), wide)
     else:
         known = norms.view(-1, 1, 1)
         power = scale_of(known, norm_limit(wide, scale))
-    x = torch.mul(x, power, out=torch.empty_like(x, dtype=wide))
-    norm = frobenius(x, (-2, -1), keepdim=True) if norms is None else (known * power).to(wide)
+        x = torch.mul(x, power, out=torch.empty_like(x, dtype=wide))
+        norm = (known * power).to(wide)
     divisor = denominator(norm, scale, eps, power)
     if compute_dtype == wide:
         return x / divisor

@@ -69,6 +69,26 @@ def downscale(x: torch.Tensor, dims: tuple[int, ...], limit: float) -> torch.Ten
     return scale_of(torch.linalg.vector_norm(x, math.inf, dim=dims, keepdim=True), limit)
 
 
+def scaled_and_cast(x: torch.Tensor, dims: tuple[int, ...], limit: float, dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x scale in `dtype`, its Frobenius norm over `dims` (kept), scale): scale the power of two of
+    `downscale(x, dims, limit)`, 1 where every |entry| is within `limit`.
+
+    On CPU, where reading a value costs no device synchronisation, the cast and its norm come first: a
+    finite norm within limit / 2 bounds every |entry| of the matrix below `limit` (the halving covers the
+    cast's and the norm's rounding), so its scale is 1 and the cast and norm are already the results, bit
+    for bit; only a stack holding a matrix beyond it (or a non-finite one) takes the largest-entry pass.
+    Elsewhere that pass always runs (no synchronisation, CUDA graphs)."""
+    if x.device.type == "cpu":
+        cast = x.to(dtype)
+        norm = frobenius(cast, dims, keepdim=True)
+        if bool((norm <= limit / 2).all()):
+            return cast, norm, torch.ones((), dtype=x.dtype)
+    scale = downscale(x, dims, limit)
+    cast = torch.mul(x, scale, out=torch.empty_like(x, dtype=dtype))  # one pass: scaled and cast
+    return cast, frobenius(cast, dims, keepdim=True), scale
+
+
 def denominator(norm: torch.Tensor, factor: float, eps: float, scale: torch.Tensor) -> torch.Tensor:
     """The normaliser's denominator of X scale, (factor ||X|| + eps) scale = norm * factor + eps scale, from
     norm = ||X scale|| (`downscale`), in norm's dtype. Where scale = 1 it rounds as the unscaled

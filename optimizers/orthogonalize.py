@@ -20,7 +20,7 @@ from typing import Sequence
 from optimizers import gram_newton_schulz as gram
 from optimizers.coefficients import normaliser_scale, schedule
 from optimizers.kernels import TORCH, Kernels
-from optimizers.norms import denominator, downscale, entry_limit, frobenius, norm_limit
+from optimizers.norms import denominator, downscale, entry_limit, norm_limit, scaled_and_cast
 
 ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd", "gram_newton_schulz")
 SCHEDULES = ("polar_express", "newton_schulz")
@@ -37,9 +37,8 @@ def polynomial(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype
     if tall:
         x = x.mT
     factor = normaliser_scale(name)
-    scale = downscale(x, (-2, -1), entry_limit(x.size(-2) * x.size(-1), compute_dtype, factor))
-    x = torch.mul(x, scale, out=torch.empty_like(x, dtype=compute_dtype))  # one pass: scaled and cast
-    norm = frobenius(x, (-2, -1), keepdim=True)
+    limit = entry_limit(x.size(-2) * x.size(-1), compute_dtype, factor)
+    x, norm, scale = scaled_and_cast(x, (-2, -1), limit, compute_dtype)
     x = gram.standard_steps(x / denominator(norm, factor, eps, scale), schedule(name, steps), kernels)
     return x.mT if tall else x
 

@@ -1,10 +1,14 @@
 """optimizers/norms.py: the Frobenius norm of the normaliser (and NorMuon's/Dion2's restore) stays accurate on
 large CPU matrices, where torch's CPU norm kernel loses ~3e-4 (pytorch/pytorch#169237)."""
 
+import math
+
 import numpy as np
+import pytest
 import torch
 
-from optimizers.norms import frobenius
+from optimizers import norms
+from optimizers.norms import denominator, downscale, entry_limit, frobenius
 from optimizers.orthogonalize import orthogonalize
 
 
@@ -51,3 +55,37 @@ def test_a_large_fp32_orthogonalization_on_cpu_is_not_moved_by_the_norm():
     for name in ("polar_express", "gram_newton_schulz"):
         got = orthogonalize(x.float(), name, 5, 1e-7, torch.float32).double()
         assert ((got - exact).norm() / exact.norm()).item() < 1e-5, name
+
+
+def _always_scaled(x: torch.Tensor, limit: float, dtype: torch.dtype):
+    """The largest-entry pass on every stack (what runs off CPU)."""
+    scale = downscale(x, (-2, -1), limit)
+    cast = torch.mul(x, scale, out=torch.empty_like(x, dtype=dtype))
+    return cast, frobenius(cast, (-2, -1), keepdim=True), scale
+
+
+@pytest.mark.parametrize("source, dtype", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                                           (torch.float32, torch.float16), (torch.float64, torch.float64),
+                                           (torch.bfloat16, torch.float32)])
+def test_the_cpu_shortcut_gives_the_scaled_paths_bits_and_skips_its_pass_only_where_nothing_is_scaled(
+        source, dtype, monkeypatch):
+    """scaled_and_cast on CPU: a stack whose norms bound every entry within the limit keeps the cast and its norm
+    (no largest-entry pass); one matrix too large (or not finite) sends the whole stack through the pass; the
+    quotient x / denominator is the always-scaled one, bit for bit, either way."""
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(4, 12, 20, generator=g, dtype=torch.float64)
+    limit = entry_limit(12 * 20, dtype, 1.0)
+    passes = []
+    monkeypatch.setattr(norms, "downscale", lambda *a: passes.append(1) or downscale(*a))
+    for name, edit, scaled in [("plain", lambda x: x, False), ("at half the limit", lambda x: x / x.norm() * limit / 4, False),
+                               ("one huge", lambda x: torch.cat([x[:3], x[3:] * limit]), True),
+                               ("a NaN", lambda x: torch.cat([x[:3], x[3:] * math.nan]), True),
+                               ("an inf", lambda x: torch.cat([x[:3], x[3:] * math.inf]), True)]:
+        x = edit(base).to(source).mT.contiguous().mT  # the transposed view a tall stack arrives as
+        passes.clear()
+        got = norms.scaled_and_cast(x, (-2, -1), limit, dtype)
+        want = _always_scaled(x, limit, dtype)
+        assert bool(passes) == scaled, name
+        quotient = [c / denominator(n, 1.0, 1e-7, s) for c, n, s in (got, want)]
+        assert torch.equal(quotient[0].nan_to_num(7.0), quotient[1].nan_to_num(7.0)), name
+        assert got[0].dtype == dtype and got[0].stride() == want[0].stride(), name
