@@ -61,5 +61,18 @@ def bf16_buffer_finding(case: Case) -> str | None:
     return None
 
 
+def range_finding(case: Case) -> str | None:
+    """Where torch.optim.Muon is not correct either: near the format's range its normaliser overflows and the
+    update vanishes (docs/findings.md); non-finite gradients it takes as they come."""
+    if case.grad == "extreme":
+        return "torch.optim.Muon's normaliser overflows near the format's range: its update vanishes (docs/findings.md)"
+    return None
+
+
+def findings(case: Case) -> str | None:
+    """Every known defect of torch.optim.Muon at `case`, or None."""
+    return bf16_buffer_finding(case) or range_finding(case)
+
+
 def target() -> TorchMuon:
     return TorchMuon()

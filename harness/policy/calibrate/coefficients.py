@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from cases import TIERS, Case, tier
+from cases.axes import NONFINITE_GRADIENT
 from harness.algorithms import algorithm
 from harness.judging.checks import SCALE_FACTOR, reference_steps, unscalable
 from harness.judging.metrics import compare_step
@@ -212,8 +213,10 @@ def main() -> None:
     device = backends.get(args.device).device() if not merging_only else torch.device("cpu")
     torch.set_num_threads(1)
     ci = set(map(single, tier("ci"))) if args.tier != "none" else set()
+    # a non-finite gradient's reference is a pattern of NaN (the `nonfinite` check), no rounding to measure
     chosen = [c for c in dict.fromkeys(map(single, tier(args.tier) if args.tier != "none" else []))
-              if (not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))]
+              if (not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))
+              and c.grad != NONFINITE_GRADIENT]
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
