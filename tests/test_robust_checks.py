@@ -78,11 +78,14 @@ def test_they_apply_only_with_bf16_single_process_and_full_rank_gradients():
     assert registry.robust_applicable(dataclasses.replace(BF16, grad="rankdef"), "bf16") == []
 
 
-def test_rows_sees_a_normuon_variance_without_its_ema_that_the_reference_misses():
-    case = Case.from_id("normuon/conv2d-8x4x3x3/mb3/noflat/bf16@bf16/ns/none/plain/wd0/steps3/huge/seed0")
+def test_rows_sees_a_normuon_variance_without_its_ema():
+    """Where the reference also sees it. On the one case where rows alone saw it
+    (normuon/conv2d-8x4x3x3/mb3/noflat/bf16@bf16/ns/none/plain/wd0/steps3/huge/seed0), the row spread it leaves,
+    0.066, is within the allowance of the calibration panel's correct bf16 NorMuons (0.083 + ours' 0.0077)."""
+    case = Case.from_id("normuon/linear_tall-24x6/mb5/noflat/fp32@bf16/ns/none/nesterov/wd0.1/steps3/tiny/seed0")
     assert statuses("ours", case)["rows"] == "pass"
     defect = statuses(spec(BY_NAME["normuon-variance-no-ema"]), case)
-    assert defect["reference"] == "pass" and defect["rows"] == "fail", defect
+    assert defect["rows"] == "fail", defect
 
 
 def test_spectrum_leaves_out_the_singular_values_rounding_cannot_resolve(monkeypatch):
