@@ -48,7 +48,7 @@ from harness.running.inputs import Inputs, make_inputs
 from harness.targets import load_target
 from harness.running.selection import target_tier
 from harness.targets.base import Target
-from harness.targets.torch_builtin import bf16_buffer_finding
+from harness.targets.torch_builtin import findings
 from oracles import Conventions
 from reports import Record
 
@@ -73,7 +73,7 @@ def selftest_tier() -> list[Case]:
     return ci_cases() + list(DRIFT_CASES)
 
 
-CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": bf16_buffer_finding}
+CORRECT: dict[str, Callable[[Case], str | None]] = {"ours": lambda case: None, "torch": findings}
 """The correct targets, each with where it is known not to be (its findings): no false alarm there."""
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from cases import Case
+from cases.axes import EXTREME_GRADIENT
 from harness.targets.base import OptimizerTarget
 from oracles import Conventions, Orthogonalizer
 
@@ -64,7 +65,7 @@ def bf16_buffer_finding(case: Case) -> str | None:
 def range_finding(case: Case) -> str | None:
     """Where torch.optim.Muon is not correct either: near the format's range its normaliser overflows and the
     update vanishes (docs/findings.md); non-finite gradients it takes as they come."""
-    if case.grad == "extreme":
+    if case.grad == EXTREME_GRADIENT:
         return "torch.optim.Muon's normaliser overflows near the format's range: its update vanishes (docs/findings.md)"
     return None
 

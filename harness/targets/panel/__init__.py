@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cases import Case
+from cases.axes import EXTREME_GRADIENT, NONFINITE_GRADIENT
 from harness.targets.panel.plain import Plain
 from harness.targets.torch_builtin import findings
 
@@ -45,7 +46,7 @@ def expanded_fp32_momentum() -> Plain:
 def outside_range(case: Case) -> str | None:
     """Where a plain member is not meant to be correct: gradients near the format's range (its normaliser
     ||X||_F, formed as written, overflows) or not finite (it follows no policy for them)."""
-    if case.grad in ("extreme", "nonfinite"):
+    if case.grad in (EXTREME_GRADIENT, NONFINITE_GRADIENT):
         return (f"{case.grad} gradients: the textbook loop's normaliser overflows near the format's range and it "
                 f"has no policy for non-finite gradients")
     return None
