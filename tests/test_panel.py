@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from cases import Case
+from cases import Case, tier
+from harness.policy.calibrate import coefficients
 from harness.policy.calibrate import panel as calibration
 from harness.runner import run_case
 from harness.targets import load_target
@@ -103,6 +104,26 @@ def test_the_calibration_panel_is_ours_and_every_member():
     wide = calibration.build("harness.targets.panel:textbook_fp32_momentum")
     assert not calibration.runs_case("harness.targets.panel:textbook_fp32_momentum", wide,
                                      Case.from_id(SAMPLE[1]))  # fp32 parameters: its twin runs the same
+
+
+OWN_ROW = "dion2-f1-ef0.9/conv1d-8x4x5/mb3/flat/fp64@fp64/ns/none/plain/wd0.1_lr0.05/steps3/tiny/seed0"
+"""A row of the expanded member's own CI tier that the global tier lacks: the calibration measured only the global
+tier's cases, its key's allowance missed this run (the member failed `reference` at 1.007x), and now it does not."""
+
+
+def test_the_calibration_measures_each_member_on_its_own_tier_rows():
+    member = "harness.targets.panel:expanded"
+    own = calibration.own_cases(member, "ci")
+    shared = set(map(calibration.single, tier("ci")))
+    assert own and not shared & set(own) and Case.from_id(OWN_ROW) in own
+    target = load_target(member)
+    assert all(target.unsupported(c) is None for c in own)
+    assert calibration.own_cases("ours", "ci") == []  # ours supports every case: its own tier is the global one
+    measured = coefficients.runs([], members=(member,), own={member: own})
+    assert Case.from_id(OWN_ROW) in {case for case, _, _ in measured}
+    assert coefficients.runs([], members=(member,)) == []  # without its own rows the member measures nothing here
+    got = {r.check: r for r in run_case(Case.from_id(OWN_ROW), target, "expanded")}
+    assert got["reference"].status == "pass", got["reference"]
 
 
 FRACTION1 = "nordion2-f1-ef0.9/linear-12x20/mb2/flat/fp64@fp64/ns/none/plain/wd0.01/steps3/gaussian/seed0"

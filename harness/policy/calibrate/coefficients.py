@@ -68,7 +68,7 @@ from harness.judging.metrics import compare_step
 from harness.policy import keys, sensitivity, tables, tolerance
 from harness.policy.bounds import STORAGE_ULPS
 from harness.policy.calibrate import command, folded, provenance
-from harness.policy.calibrate.panel import MEMBERS, OURS, build, label, runs_case, single
+from harness.policy.calibrate.panel import MEMBERS, OURS, build, label, own_cases, runs_case, single
 from harness.policy.calibrate.variants import MEASURABLE, VARIANTS, DeclaredCompute
 from harness.running import backends
 from harness.running.inputs import f64, make_inputs
@@ -87,16 +87,17 @@ Run = tuple[Case, str, Target]
 """A measured run: the case, the panel member (harness/policy/calibrate/panel.py) and its target."""
 
 
-def runs(cases: list[Case], schedules: tuple[str, ...] = (), members: tuple[str, ...] = (OURS,)) -> list[Run]:
-    """Every case run by each of `members` that runs it (ours first), then ours' declared-compute variants of its
-    polynomial cases; with `schedules`, instead, every polynomial case with each named schedule, run by each
-    member that can declare it."""
+def runs(cases: list[Case], schedules: tuple[str, ...] = (), members: tuple[str, ...] = (OURS,),
+         own: dict[str, list[Case]] | None = None) -> list[Run]:
+    """Every case run by each of `members` that runs it (ours first), each member also on its `own` cases (the
+    rows its own tier adds: panel.own_cases), then ours' declared-compute variants of its polynomial cases; with
+    `schedules`, instead, every polynomial case with each named schedule, run by each member that can declare it."""
     out: list[Run] = []
     for name in schedules or (None,):
         for member in members:
             target = build(member, name)
             if target is not None:
-                out += [(c, member, target) for c in cases
+                out += [(c, member, target) for c in cases + (own or {}).get(member, [])
                         if not (name and c.orthogonalizer == "svd") and runs_case(member, target, c)]
     if schedules or OURS not in members:
         return out
@@ -214,13 +215,17 @@ def main() -> None:
     torch.set_num_threads(1)
     ci = set(map(single, tier("ci"))) if args.tier != "none" else set()
     # a non-finite gradient's reference is a pattern of NaN (the `nonfinite` check), no rounding to measure
-    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier) if args.tier != "none" else []))
-              if (not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))
-              and c.grad != NONFINITE_GRADIENT]
+
+    def kept(c: Case) -> bool:
+        return ((not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))
+                and c.grad != NONFINITE_GRADIENT)
+    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier) if args.tier != "none" else [])) if kept(c)]
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
-    todo = runs(cases, tuple(args.schedules), tuple(args.members))[shard::shards]
+    own = {m: [c for c in own_cases(m, args.tier) if kept(c) and c not in set(cases)]
+           for m in args.members} if args.tier != "none" else {}
+    todo = runs(cases, tuple(args.schedules), tuple(args.members), own)[shard::shards]
     found: dict[keys.Key, list[tuple[float, str]]] = defaultdict(list)
     by: dict[keys.Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     earlier = folded(tables.Table("coefficient", "", {"commands": []}, {}), args.merge, args.drop, runs_made=False)

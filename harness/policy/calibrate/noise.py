@@ -67,7 +67,7 @@ from harness.judging import checks, robust_checks
 from harness.policy import keys, noise, tables
 from harness.policy.calibrate import command, folded, provenance
 from harness.policy.calibrate.coefficients import drawn
-from harness.policy.calibrate.panel import MEMBERS, OURS, build, runs_case
+from harness.policy.calibrate.panel import MEMBERS, OURS, build, own_cases, runs_case
 from harness.policy.calibrate.variants import MEASURABLE
 from harness.running.inputs import make_inputs
 
@@ -128,15 +128,17 @@ def judged_ci() -> list[Case]:
     return [c for c in ci_cases() if robust_checks.applies(c, c.compute_dtype)]
 
 
-def jobs_of(ids: list[str], members: list[str], schedules: list[str], eps: float | None) -> list[Job]:
-    """Each case run by each member that runs it (with each of `schedules` on its polynomial cases, if any)."""
+def jobs_of(ids: list[str], members: list[str], schedules: list[str], eps: float | None,
+            own: dict[str, list[str]] | None = None) -> list[Job]:
+    """Each case run by each member that runs it, each member also on its `own` case ids (with each of
+    `schedules` on its polynomial cases, if any)."""
     out: list[Job] = []
     for name in schedules or [None]:
         for member in members:
             target = build(member, name, eps)
             if target is None:
                 continue
-            for i in ids:
+            for i in ids + [i for i in (own or {}).get(member, []) if i not in set(ids)]:
                 case = Case.from_id(i)
                 if not (name and case.orthogonalizer == "svd") and runs_case(member, target, case):
                     out.append((member, i, name, eps))
@@ -183,7 +185,8 @@ def main() -> int:
                              "these (harness/policy/keys.py SCHEDULES, or ours by option name)")
     parser.add_argument("--members", nargs="+", default=[OURS], choices=MEMBERS,
                         help="the panel members measured (harness/policy/calibrate/panel.py; default: ours)")
-    parser.add_argument("--judged-ci", action="store_true", help="also the CI tier's cases the robust checks judge")
+    parser.add_argument("--judged-ci", action="store_true", help="also the CI tier's cases the robust checks judge (and each member's "
+                        "own CI-tier rows they judge: panel.own_cases)")
     parser.add_argument("--eps", type=float, default=None, help="with --schedules: the normaliser's eps (default "
                         "ours'); only tiny gradients' keys depend on it (harness/policy/keys.py EPS_GRADIENTS)")
     args = parser.parse_args()
@@ -197,7 +200,9 @@ def main() -> int:
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers))
               if robust_checks.applies(c, c.compute_dtype) and c not in set(cases)]
     ids = [c.id for c in cases if not (args.skip and re.search(args.skip, c.id))]
-    jobs = jobs_of(ids, args.members, args.schedules, args.eps)
+    own = {m: [c.id for c in own_cases(m, "ci") if robust_checks.applies(c, c.compute_dtype)
+               and not (args.skip and re.search(args.skip, c.id))] for m in args.members} if args.judged_ci else {}
+    jobs = jobs_of(ids, args.members, args.schedules, args.eps, own)
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         results = pool.map(measure, jobs, chunksize=4)
     wrong = collections.Counter(member for member, _, values in results if values is None)

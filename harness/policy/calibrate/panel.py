@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from cases import Case
+from cases import Case, tier
 from harness.policy.calibrate.variants import DeclaredCompute, DeclaredSchedule
+from harness.running.selection import target_tier
 from harness.targets import load_target
 from harness.targets.base import Target
 from harness.targets.panel import PANEL
@@ -47,6 +48,15 @@ def runs_case(member: str, target: Target, case: Case) -> bool:
     if known is not None and known(case) is not None:
         return False
     return not (isinstance(target, Plain) and target.state == "fp32" and case.param_dtype != "bf16")
+
+
+def own_cases(member: str, tier_name: str) -> list[Case]:
+    """The single-process cases member `member` is judged on beyond the global tier `tier_name`'s: the
+    covering rows its own tier adds (harness/running/selection.py). A narrow member runs cases the global
+    tier lacks, and an allowance must hold on every case a member is judged on, not only on the shared ones."""
+    shared = set(map(single, tier(tier_name)))
+    own = target_tier(tier_name, load_target(member)).cases
+    return [c for c in dict.fromkeys(map(single, own)) if c not in shared]
 
 
 def label(member: str, target: Target) -> str:
