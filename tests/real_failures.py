@@ -259,14 +259,18 @@ DION_CAUSES = {
     "flattened-geometry": "dion 0a059a4: NorMuon(flatten=True) normalises the rows of each trailing kernel slice "
                           "(variance p[..., 0:1]), not the output channels of the flattened matrix "
                           "(docs/findings/dion-normuon-flatten-kernel-rows.py)",
+    "normaliser-eps": "dion 0a059a4: near fp32's range the normaliser's fp32 sum of squares overflows, X0 = 0 and the "
+                      "update vanishes (docs/findings/dion-normaliser-overflow-vanishes.py)",
 }
 
 
 def _dion_labels(case: Case) -> tuple[str, ...]:
-    """The dion findings a case has: the megabatch flatten mixing, the NorMuon kernel-slice rows."""
+    """The dion findings a case has: the megabatch flatten mixing (Muon's and NorMuon's), the NorMuon kernel-slice
+    rows, the normaliser's overflow near the format's range."""
     return tuple(label for label, has in (
         ("flattened-geometry", case.optimizer == "normuon" and case.flatten and len(case.shape) > 2),
-        ("members-mixed", case.flatten and case.megabatch > 1)) if has)
+        ("members-mixed", case.flatten and case.megabatch > 1),
+        ("normaliser-eps", case.grad == "extreme")) if has)
 
 
 def _dion() -> Iterator[Wanted]:
@@ -282,7 +286,13 @@ def _dion() -> Iterator[Wanted]:
                    ("conv2d-8x4x3x3", "bf16@bf16", "ns", "rms_norm", "plain", 1, "huge"),
                    ("conv2d_tall-40x2x2x2", "fp32@bf16", "ns", "rms_norm", "plain", 3, "gaussian"),
                    ("conv3d-6x3x2x3x3", "fp32@bf16", "pe", "none", "nesterov", 1, "tiny"))]
-    for case_id in (*DION_CI_FAILURES, *linear, *kernels):
+    own = ("muon/linear-12x20/mb2/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps2/extreme/seed0",
+           "normuon/linear-12x20/mb2/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps2/extreme/seed0",
+           "normuon-b0.99/linear_tall-24x6/mb2/flat/fp32@bf16/pe/none/plain_mu0.9/wd0.0001/steps1/tiny/seed0",
+           "normuon-b0.99/linear_row-1x16/mb5/flat/bf16@bf16/ns/none/plain/wd0.0001_lr0.05/steps1/huge/seed0",
+           "normuon/linear_row-1x16/mb3/flat/fp32@bf16/pe/rms_norm/plain/wd0.0001_lr0.05/steps3/lowrank/seed0")
+    """Failures of dion's own CI tier under the panel's policy (2026-12-02) that the rows above lack."""
+    for case_id in (*DION_CI_FAILURES, *linear, *kernels, *own):
         labels = _dion_labels(Case.from_id(case_id))
         yield Wanted("dion", "dion", case_id, labels, "; ".join(DION_CAUSES[label] for label in labels))
 
@@ -317,6 +327,13 @@ def _deepspeed() -> Iterator[Wanted]:
     yield Wanted("deepspeed", "deepspeed-standard",
                  "muon/conv2d-8x4x3x3/mb1/flat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps1/lowrank/seed0",
                  ("error",), crash)
+    overflow = ("DeepSpeed 0.19.8: near fp32's range the normaliser's fp32 sum of squares overflows, X0 = 0 and the "
+                "update vanishes (docs/findings/deepspeed-normaliser-overflow-vanishes.py)")
+    for case_id in ("muon/linear-12x20/mb2/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps2/extreme/seed0",
+                    "muon/conv3d-6x3x2x3x3/mb2/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps2/extreme/seed0",
+                    "muon/linear_row-1x16/mb2/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps2/extreme/seed0",
+                    "muon/linear-12x20/mb2/noflat/bf16@bf16/ns/spectral_norm/nesterov/wd0.1/steps2/extreme/seed0"):
+        yield Wanted("deepspeed", "deepspeed-standard", case_id, ("normaliser-eps",), overflow)
     slices = ("DeepSpeed 0.19.8: SingleDeviceMuon orthogonalizes a Conv1d weight [out, in, k] as a batch of its "
               "[in, k] slices where a flattened conv weight is promised (issue 26)")
     for method, dtypes, orth in (("standard", "fp32@bf16", "ns"), ("standard", "bf16@bf16", "ns"),
