@@ -55,7 +55,7 @@ ORTHOGONALIZERS = ("newton_schulz", "polar_express", "svd")
 """The covering arrays' orthogonalizers."""
 GRAM = "gram_newton_schulz"
 """Gram Newton-Schulz (Polar Express schedule, Muon's default restarts): its cases come from a generator
-of their own (cases/tiers.py), so that adding it did not reshuffle the covering arrays."""
+of their own (cases/tiers.py), so that the covering arrays do not depend on it."""
 NO_ORTHOGONALIZER = "none"
 """The orthogonalizer of an elementwise algorithm's cases (AdamW): none."""
 EVERY_ORTHOGONALIZER = ORTHOGONALIZERS + (GRAM,)

@@ -23,7 +23,7 @@ is applied (one synchronisation per step; eager reads one per megabatch, behind 
 optimizers/plan.py `Pending`); a megabatch whose
 matrices diverged is recomputed eagerly, where the standard-iteration fallback runs.
 Not captured: SVD (cuSOLVER checks its info on the host), undeclared stages and every other algorithm;
-these run eagerly as before. A graph replays exactly the kernels the eager calls run, on the same inputs, each
+these run eagerly. A graph replays exactly the kernels the eager calls run, on the same inputs, each
 megabatch's in its own order on one stream, so its results are the eager ones bit for bit.
 
 The graph belongs to one validated plan (optimizers/plan.py): a new plan (a changed parameter, option or

@@ -143,7 +143,7 @@ def compile_all(launches: list[Launch], device: torch.device) -> int:
     """Compile (and load on `device`) each distinct launch's kernel, side by side on a thread pool, as
     its first real launch would: Triton's own `warmup`, then its launcher and module (a kernel already
     compiled in this process is found in Triton's cache at once). A kernel that fails here is noted in
-    FAILURES and left to its real launch, which handles the failure as it always did
+    FAILURES and left to its real launch, which handles the failure itself
     (optimizers/symmetric_triton.py falls back to its base variant). Returns how many compiled."""
     todo = distinct(launches)
     if not todo:

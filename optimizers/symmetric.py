@@ -32,7 +32,7 @@ MAX_BLOCKS = 4
 
 TRITON_ROWS = 2 * BLOCK
 """Rows from which a product takes the Triton kernel under fused=None (optimizers/kernels.py): below them
-cuBLAS's product was the faster on one H200 (12 x 768 x 2304: every kernel variant 1.0-4x slower;
+cuBLAS's product is the faster on one H200 (12 x 768 x 2304: every kernel variant 1.0-4x slower;
 optimizers/symmetric_triton.py). To be measured by `benchmarks/kernel_thresholds.py --products`, whose
 crossover line names the row count from which the kernel wins on every product kind."""
 

@@ -11,7 +11,7 @@ epilogue, before the one rounding: the Newton-Schulz polynomial aI + bA + cA² i
 baddbmm; Q = Z + aI by a clone). On the 24-layer step (one H200): 517.94 ms against 532.97 ms, interleaved
 rounds (docs/performance.md §2).
 
-Variants (issue 13; `VARIANTS`, chosen per call by `variant=`, within a `variant(name)` scope for every call
+Variants (`VARIANTS`, chosen per call by `variant=`, within a `variant(name)` scope for every call
 that names none (benchmarks), else the module constant `VARIANT`, "persistent" at 4 warps and 4 stages: the
 fastest measured):
   - "base": the kernel above (masked pointer loads, 128 x 128 tiles, row-major tile order);
@@ -39,13 +39,13 @@ over cuBLAS's full product):
 (tma at 8 warps, 4 stages: 1.70x, 1.79x, 1.91x, 2.02x.) Every row equals cuBLAS's result bitwise (max
 relative difference 0) and its mirror is exact. The 24-layer step (benchmarks/gpu_step.py: Gram
 Newton-Schulz, this kernel, the fused elementwise kernels): base 597.6 ms, tma (8, 3) 557.8 ms, tma (4, 4)
-550.4 ms. Removed after that run: "rect" (128 x 256 tiles; 550.1 ms, the same step, but its first step
-took 7.75 s of compiles against tma's 0.85 s) and three persistent variants (one program per SM looping
-over the tiles, plain / tl.range(flatten=True) / tl.range(warp_specialize=True)): triton 3.6 could not
-compile them (the tests: "PassManager::run failed"; the benchmark's launches: 320 KiB of shared memory
-for "persistent" at 4 stages, 272 KiB for the warp-specialized one, past the 227 KiB of an H200 block),
-so nothing measured them faster. (The "persistent" variant above, written anew with a branch-free epilogue,
-compiles at 4 warps and 4 stages within 168-192 KiB.) Also measured after that (docs/performance.md §3):
+550.4 ms. Measured and not variants: "rect" (128 x 256 tiles; 550.1 ms, the same step, but its first step
+takes 7.75 s of compiles against tma's 0.85 s) and three other persistent forms (one program per SM looping
+over the tiles, plain / tl.range(flatten=True) / tl.range(warp_specialize=True)), which triton 3.6 does not
+compile (the tests: "PassManager::run failed"; the benchmark's launches: 320 KiB of shared memory
+for the plain one at 4 stages, 272 KiB for the warp-specialized one, past the 227 KiB of an H200 block);
+the "persistent" variant above, with a branch-free epilogue, compiles at 4 warps and 4 stages within
+168-192 KiB. Also measured (docs/performance.md §3):
 warp specialization of the k loop (`tl.range(warp_specialize=True)`) compiles but runs 0.50-0.94x
 this kernel; TILE_K 128, 5-6 stages and L2 groups of 4-32 row blocks are slower or within run-to-run noise
 (interleaved rounds) on every stack of the 24-layer step. On small stacks (m <= 1536, e.g. 12x768x2304) every variant is
@@ -85,7 +85,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 VARIANT = "persistent"
 """The kernel variant (`VARIANTS` below) `symmetric_baddbmm` runs when neither the call nor a `variant` scope
 names one: "persistent" (its launch: 4 warps, 4 stages), the fastest over the 24-layer stacks (62.0 ms for the
-five against 117.5 ms by cuBLAS; on one stack, A + A·A, tma was 1% ahead)."""
+five against 117.5 ms by cuBLAS; on one stack, A + A·A, tma is 1% ahead)."""
 
 TILE, TILE_K, WARPS, STAGES = 128, 64, 8, 3
 """Tile rows/columns, reduction step, and the warps and pipeline stages of a variant that names none
@@ -279,7 +279,7 @@ VARIANTS = types.MappingProxyType({
     # 4 warps, 4 stages: at 3 stages, or 8 warps, 0.83-0.94x "tma" on the 24-layer stacks
     "persistent": Variant(descriptors=True, group=8, persistent=True, warps=4, stages=4),
 })
-"""The kernel variants (issue 13), by name: "base" is the kernel as first written."""
+"""The kernel variants, by name: "base" is the plain kernel (masked pointer loads, row-major tile order)."""
 
 STAND_INS = types.MappingProxyType({"persistent": "tma"})
 """A default variant that compiles slowly (persistent: 1.8-2.2 s for its largest specialization on the H200

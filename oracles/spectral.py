@@ -11,9 +11,9 @@ layer, which keep the SVD arithmetic exactly) go through the eigendecomposition 
 their short side where that is accurate: for a wide A (m <= n), A A^T = Q L Q^T (L = S^2), and every
 map here is f(A) = Q h(L) Q^T A with h(l) = f(sqrt l) / sqrt l (for an odd polynomial f, h is a
 polynomial in l: no square root, no division). One m x m symmetric eigendecomposition and two
-products cost a fraction of the m x n SVD (measured: CHANGELOG, issue 13). Squaring the matrix
+products cost a fraction of the m x n SVD (~30x faster on the gpu tier: docs/gpu-speed.md). Squaring the matrix
 squares its condition number, so the Gram path is taken only where a first-order bound of its own
-error is below GRAM_RTOL (`_gram_error`); elsewhere (rank-deficient, ill-conditioned) the SVD, as before.
+error is below GRAM_RTOL (`_gram_error`); elsewhere (rank-deficient, ill-conditioned) the SVD.
 Decompositions of large matrices are memoised by content (`_decompose`), so the checks that rebuild
 the same reference (reference, scale, the tolerance's sensitivity, the report's spectra) share one.
 """
@@ -90,7 +90,7 @@ GRAM_EIGH_ERROR = 16 * float(np.finfo(np.float64).eps)
 """The error assumed of each eigenvalue of the Gram matrix, relative to the largest: a backward stable
 symmetric eigensolver returns those of G + E, ||E||_2 a small multiple of eps ||G||_2. Calibrated: on
 256 x 512 Gaussian and geometric-spectrum matrices (condition 5-10) the Gram path's measured distance
-from gesvd was 0.1-0.3 x the bound this gives (a few eps per eigenvalue); on the gpu tier's 2048 x 4096,
+from gesvd is 0.1-0.3 x the bound this gives (a few eps per eigenvalue); on the gpu tier's 2048 x 4096,
 4096 x 2048 and 2048 x 4608 directions 1.4-1.6e-14."""
 GRAM_MAX_CONDITION = 10.0
 """The Gram path also needs the smallest singular value at least 1/GRAM_MAX_CONDITION of the largest

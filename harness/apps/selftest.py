@@ -110,7 +110,7 @@ NARROW = (
     Narrow("deepspeed-like", _deepspeed_view, "as DeepSpeed's SingleDeviceMuon: Muon, Keller Jordan's quintic, "
                                               "Nesterov always, one lr scale, bf16 compute"),
 )
-"""The narrow adapters every defect also runs through (issue: a narrow target must meet its own bugs)."""
+"""The narrow adapters every defect also runs through (a narrow target must meet its own bugs)."""
 
 
 class Restricted(Target):

@@ -21,10 +21,10 @@ from reports import Record, worst_first
 
 HEATMAP_CELLS = 2**15
 """The most cells a pooled picture's error matrix keeps (`pooled`). Drawn whole, one gpu-tier error
-(2048 x 4608) was 9.4 million SVG rectangles, 85 s of Python and a 1 GB report.html."""
+(2048 x 4608) is 9.4 million SVG rectangles, 85 s of Python and a 1 GB report.html."""
 POOL_ABOVE = 2**17
-"""Error matrices of more elements than this are pooled (`pooled`); smaller ones are kept element by element,
-as before: every CI and nightly matrix (the largest, 384 x 96, has 36864 elements)."""
+"""Error matrices of more elements than this are pooled (`pooled`); smaller ones are kept element by element:
+every CI and nightly matrix (the largest, 384 x 96, has 36864 elements)."""
 
 Key = tuple[str, str, str, str, int]
 """Record.key: (case id, check, target, backend, world size)."""

@@ -87,7 +87,7 @@ def piece_tolerance(case: Case, tol: Tolerance, share: float) -> Tolerance:
     columns (rel_err 7.2e-7 against the whole's 3.1e-7, 1.09 x a sqrt(k) allowance). An error confined
     to a piece still fails here once it exceeds what the whole may hold, and the layout check compares
     the distributed run with the single-process one far tighter. A piece whose reference update is
-    zero is allowed its storage rounding only, as before."""
+    zero is allowed its storage rounding only."""
     factor = 1.0 / share if share > 0 else 1.0  # a piece the reference leaves unmoved: storage rounding only
     return Tolerance(tol.rtol * factor, tol.storage_ulps,
                                f"{factor:.3g} x the step's rtol for one piece (1 / its share {share:.3g} of the "

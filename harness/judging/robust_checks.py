@@ -108,8 +108,8 @@ matrices, seeds 0-11, mb5, fp32@bf16 and bf16@fp32, NS and PE, 23040 singular va
 0.107 (1.8x its tolerance) where the resolved ones give 0.020.
 Likewise a pair whose f(sigma) moves the parameter by less than SV_RESOLVED x the storage rounding the
 harness allows (STORAGE_ULPS ulps, Frobenius over the matrix) is left out: a bf16 1 x 1
-matrix (conv2d_k1 unflattened) with tiny gradients stepped by less than half an ulp of its parameter,
-stored no change, and its log ratio was -690 (sv_spread 119)."""
+matrix (conv2d_k1 unflattened) with tiny gradients steps by less than half an ulp of its parameter,
+stores no change, and its log ratio is -690 (sv_spread 119)."""
 
 
 def applies(case: Case, compute_dtype: str) -> bool:

@@ -1,5 +1,5 @@
 """Our optimizer with a GPU fast path demanded, so that the harness judges the fast path itself against
-the FP64 oracle (issue 13): `ours-triton` (Muon(fused=True): the Triton kernel for the symmetric products, and
+the FP64 oracle: `ours-triton` (Muon(fused=True): the Triton kernel for the symmetric products, and
 the fused momentum, normaliser and apply kernels on fp32 parameters) and `ours-graphs` (Muon(cuda_graphs=True):
 the small megabatches' orthogonalizations captured once per plan, in one graph on parallel streams, and
 replayed).

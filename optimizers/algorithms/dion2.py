@@ -67,7 +67,7 @@ below 2^-958, which it flushes to zero)."""
 
 def slice_norms(m: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """L1 norm of every slice of `m` (summed over `dims`, kept as size 1: parameter rank), in fp64 (the
-    oracle's precision), where no sum of fp32 or bf16 values overflows (fp32 sums did from 3.4e38 / length);
+    oracle's precision), where no sum of fp32 or bf16 values overflows (fp32 sums overflow from 3.4e38 / length);
     of an fp64 `m`, times FP64_NORM_SCALE."""
     if m.dtype == torch.float64:
         m = m * FP64_NORM_SCALE
