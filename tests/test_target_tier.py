@@ -51,6 +51,28 @@ class Narrow(OursMuon):
         return None if case.orthogonalizer == "newton_schulz" and case.compute_dtype == "fp32" else "NS in fp32 only"
 
 
+class NoRange(Narrow):
+    name = "no-range"
+
+    def unsupported(self, case: Case) -> str | None:
+        return "no range gradients" if case.grad in ("extreme", "nonfinite") else super().unsupported(case)
+
+
+def test_a_narrow_target_meets_the_range_and_nonfinite_gradients_in_each_of_its_formats():
+    """The covering space has no extreme or non-finite gradients (the global tier's written cases have them, in
+    formats Narrow runs none of): its tier adds them, one per format it runs, so its normaliser's overflow shows."""
+    assert not [c for c in tier("ci") if c.grad in ("extreme", "nonfinite") and Narrow().unsupported(c) is None]
+    own = target_tier("ci", Narrow())
+    for kind in ("extreme", "nonfinite"):
+        rows = [c for c in own.cases if c.grad == kind]
+        formats = {(c.param_dtype, c.compute_dtype, c.orthogonalizer) for c in own.cases if c.world_size == 1}
+        assert {(c.param_dtype, c.compute_dtype, c.orthogonalizer) for c in rows} == formats, rows
+        assert all(c.world_size == 1 and Narrow().unsupported(c) is None for c in rows)
+        assert kind in own.values["grad"]
+    assert not [c for c in target_tier("ci", NoRange()).cases if c.grad in ("extreme", "nonfinite")]
+    assert target_tier("ci", OursMuon()).cases == tuple(tier("ci"))  # ours has the written ones: nothing added
+
+
 def test_a_narrow_target_gets_its_own_covering_tier():
     own = target_tier("ci", Narrow())
     global_supported = [c for c in tier("ci") if Narrow().unsupported(c) is None]

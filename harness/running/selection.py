@@ -2,7 +2,8 @@
 
 A target is judged on its own tier (`target_tier`): the global tier's cases it supports, then a covering
 array of the tier's full axis space restricted to what it supports (cases/space.py), so that every value and
-every pair of values it accepts is judged, however narrow it is. A target that supports every case gets
+every pair of values it accepts is judged, however narrow it is, then its cases with extreme and non-finite
+gradients where it has none (`range_rows`). A target that supports every case gets
 the global tier itself. Which cases a target supports is what its adapter answers
 (harness.targets.base.why_unsupported: `unsupported(case)`, and a distributed or tensor-parallel layout
 only where it has those methods), asked of the global tier's cases and of cases drawn from the space.
@@ -10,12 +11,14 @@ only where it has those methods), asked of the global tier's cases and of cases 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cases import Case, space, tier
+from cases.axes import EXTREME_GRADIENT, NONFINITE_GRADIENT
 from harness.targets.base import Target, distributed_maker, why_unsupported
 
 
@@ -50,11 +53,47 @@ def target_tier(tier_name: str, target: Target) -> TargetTier:
             rows += found.rows
             for axis, seen in found.values.items():
                 values.setdefault(axis, set()).update(seen)
+        extra = range_rows(rows, supports)
+        rows += extra
+        for case in extra:
+            for axis, value in zip(space.AXES, space.values_of(case)):
+                values.setdefault(axis, set()).add(value)
     order = {c: n for n, c in enumerate(every)}
     ordered = sorted(dict.fromkeys(rows), key=lambda c: order.get(c, len(order)))
     return TargetTier(tier_name, tuple(ordered), sum(why is not None for why in known.values()),
                       Counter(why for why in known.values() if why is not None),
                       {a: frozenset(v) for a, v in values.items()})
+
+
+RANGE_GRADIENTS = (EXTREME_GRADIENT, NONFINITE_GRADIENT)
+"""Gradient kinds the covering space leaves out: the global tiers have written cases of each (cases/tiers.py),
+in a few formats that a narrow target may support none of."""
+
+
+def range_rows(rows: list[Case], supports: Callable[[Case], str | None]) -> list[Case]:
+    """For each kind of RANGE_GRADIENTS that no case of `rows` has: the single-process cases of `rows` with
+    gradients of that kind (as a megabatch of two over two steps, as the written cases are, where `supports`
+    accepts that, else as they are), one per (parameter, compute, orthogonalizer) format, so that a target meets
+    its normaliser's range and the non-finite policy in every format it runs."""
+    out: list[Case] = []
+    for kind in RANGE_GRADIENTS:
+        if any(c.grad == kind for c in rows):
+            continue
+        formats: set[tuple[str, str, str]] = set()
+        for case in rows:
+            form = (case.param_dtype, case.compute_dtype, case.orthogonalizer)
+            if case.world_size > 1 or form in formats:
+                continue
+            for changes in ({"megabatch": 2, "steps": 2}, {}):
+                try:
+                    candidate = dataclasses.replace(case, grad=kind, **changes)
+                except ValueError:  # the case admits no such gradient (an elementwise algorithm's extreme ones)
+                    break
+                if supports(candidate) is None:
+                    out.append(candidate)
+                    formats.add(form)
+                    break
+    return out
 
 
 def select(tier_name: str, patterns: list[str]) -> list[Case]:
