@@ -14,7 +14,8 @@ other Polar Express tables) are measured with --schedules NAME ...: every select
 our optimizer with that schedule's coefficients and normaliser scale in place of its own (the standard
 iteration, or the Gram one with our restarts on a Gram case): a correct implementation of the declared
 schedule, never the peer. "newton_schulz" on the Gram cases measures Keller Jordan's quintic under the
-Gram iteration (DeepSpeed's gram method). With --schedules only those runs are made (merge them in).
+Gram iteration (DeepSpeed's gram method). With --schedules only those runs are made (merge them in); with
+--tier-of TARGET they are made on the cases of that target's own tier, the rows it is judged on.
 
 Declared compute formats the tiers lack are measured by running the same polynomial cases with
 Muon's compute dtype replaced: fp64 parameters computed in bf16 and in fp16, fp32 and bf16
@@ -27,7 +28,7 @@ counted (no rtol judges them).
   python -m harness.policy.calibrate.coefficients --device cuda --out harness/policy/data/tolerance_cuda.json
       [--tier ci|nightly|gpu] [--select SUBSTRING ...] [--skip REGEX] [--whole REGEX] [--every N]
       [--drawn N --drawn-seed S --optimizers NAME ... --per-key K] [--merge FILE ... [--drop REGEX]]
-      [--shard I/N] [--schedules NAME ...]
+      [--shard I/N] [--schedules NAME ...] [--tier-of TARGET]
 
 --drawn N also measures N cases drawn from cases.strategies.cases, the strategy the property tests
 draw from (tests/test_properties.py, tests/test_dion2.py): any CI-sized layer, megabatch, 1-3 steps,
@@ -71,6 +72,8 @@ from harness.policy.calibrate import command, folded, provenance
 from harness.policy.calibrate.panel import MEMBERS, OURS, build, label, own_cases, runs_case, single
 from harness.policy.calibrate.variants import MEASURABLE, VARIANTS, DeclaredCompute
 from harness.running import backends
+from harness.running.selection import target_tier
+from harness.targets import load_target
 from harness.running.inputs import f64, make_inputs
 from harness.targets.base import Target
 
@@ -194,6 +197,9 @@ def main() -> None:
     parser.add_argument("--schedules", nargs="+", default=[], choices=sorted(MEASURABLE),
                         help="measure these schedules (harness/policy/keys.py SCHEDULES, or ours by name) on the "
                         "polynomial cases, run by the --members that can declare them, instead of the cases' own")
+    parser.add_argument("--tier-of", default=None, metavar="TARGET",
+                        help="the cases of TARGET's own --tier (harness/running/selection.py) instead of the global "
+                        "tier's: with --schedules, a peer's declared schedule on the rows it is judged on")
     parser.add_argument("--members", nargs="+", default=[OURS], choices=MEMBERS,
                         help="the panel members measured (harness/policy/calibrate/panel.py; default: ours)")
     parser.add_argument("--per-key", type=int, default=0, help="skip a case whose key already has this many "
@@ -219,12 +225,14 @@ def main() -> None:
     def kept(c: Case) -> bool:
         return ((not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))
                 and c.grad != NONFINITE_GRADIENT)
-    chosen = [c for c in dict.fromkeys(map(single, tier(args.tier) if args.tier != "none" else [])) if kept(c)]
+    every = [] if args.tier == "none" else (tier(args.tier) if not args.tier_of
+                                             else target_tier(args.tier, load_target(args.tier_of)).cases)
+    chosen = [c for c in dict.fromkeys(map(single, every)) if kept(c)]
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
     own = {m: [c for c in own_cases(m, args.tier) if kept(c) and c not in set(cases)]
-           for m in args.members} if args.tier != "none" else {}
+           for m in args.members} if args.tier != "none" and not args.tier_of else {}
     todo = runs(cases, tuple(args.schedules), tuple(args.members), own)[shard::shards]
     found: dict[keys.Key, list[tuple[float, str]]] = defaultdict(list)
     by: dict[keys.Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
