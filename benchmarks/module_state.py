@@ -6,10 +6,10 @@ Imports every module of each package named and counts, per module, the names its
 module level (assignments, not imports) to a mutable object: a dict, list, set, bytearray, deque (and their
 subclasses: OrderedDict, defaultdict), or an instance of a class whose instances are mutable (a non-frozen
 dataclass, any object with a writable `__dict__`). Not counted: dunder names (`__all__`), modules, classes,
-functions (an `lru_cache` wrapper included: its cache is memoization behind a function), and immutable values
-(numbers, strings, tuples, frozensets, mappingproxy, frozen dataclasses, torch dtypes). Context variables
-(contextvars.ContextVar) are listed apart: each is immutable, with a value per thread and context. Prints
-one line per module with its count (and, with --list, each name and type), then the total per package.
+functions (an `lru_cache` wrapper included: its cache is memoization behind a function), type variables, and
+immutable values (numbers, strings, tuples, frozensets, mappingproxy, frozen dataclasses, torch dtypes).
+Context variables (contextvars.ContextVar) are listed apart: each is immutable, with a value per thread and
+context. Prints one line per module with its count (and, with --list, each name and type), then the total per package.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import os
 import pkgutil
 import sys
 import types
+import typing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,7 +53,7 @@ def own_names(module: types.ModuleType) -> list[str]:
 def mutable(value: object) -> bool:
     """True for a mutable object (module docstring)."""
     if isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
-                          types.MethodType, types.GenericAlias, contextvars.ContextVar)) or callable(value) and \
+                          types.MethodType, types.GenericAlias, contextvars.ContextVar, typing.TypeVar)) or callable(value) and \
             hasattr(value, "cache_info"):
         return False
     if isinstance(value, MUTABLE):
@@ -63,10 +64,13 @@ def mutable(value: object) -> bool:
 
 
 def modules(package: str) -> list[types.ModuleType]:
-    """The package and every module under it, imported (a module that cannot be imported is skipped)."""
+    """The package and every module under it but `__main__`, imported (a module that cannot be imported is
+    skipped)."""
     root = importlib.import_module(package)
     found = [root]
     for info in pkgutil.walk_packages(getattr(root, "__path__", []), prefix=f"{package}."):
+        if info.name.endswith(".__main__"):  # a command line: importing it runs the command
+            continue
         try:
             found.append(importlib.import_module(info.name))
         except ImportError as exc:

@@ -45,7 +45,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -550,7 +551,7 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-COMMANDS: dict[str, Command] = {
+COMMANDS: Mapping[str, Command] = types.MappingProxyType({
     "list": Command("print the ids of the selected cases and their count", _list_arguments, cmd_list),
     "run": Command("judge a target over a tier of cases", _run_arguments, cmd_run),
     "diff": Command("compare two stored runs", _diff_arguments, cmd_diff),
@@ -558,7 +559,7 @@ COMMANDS: dict[str, Command] = {
     "pr-diff": Command(pr_diff.HELP, pr_diff.arguments, pr_diff.command),
     "selftest": Command("run the built-in wrong optimizers: kill rate per defect, false alarms", _selftest_arguments,
                         cmd_selftest),
-}
+})
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -481,7 +482,7 @@ CATALOG: tuple[Defect, ...] = (
 )
 """The defects, by name."""
 
-BY_NAME = {d.name: d for d in CATALOG}
+BY_NAME = types.MappingProxyType({d.name: d for d in CATALOG})
 
 
 def __getattr__(name: str) -> Callable[[], Target]:

@@ -21,6 +21,8 @@ checks run and records are written.
 
 from __future__ import annotations
 
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -95,7 +97,7 @@ CHECKS: tuple[Check, ...] = (
 """Every check in the order they run: those of finite gradients, then the non-finite policy's, which alone
 judges a case with a NaN gradient element (no oracle steps a NaN)."""
 
-BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}
+BY_NAME: Mapping[str, Check] = types.MappingProxyType({c.name: c for c in CHECKS})
 
 
 def applicable(case: Case, compute_dtype: str | None = None) -> list[str]:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Callable, Iterator
 
 import numpy as np
@@ -77,8 +78,8 @@ STATISTICS = ("norm", "decay", "sv_mean", "sv_spread", "row_spread")
 ROBUST = ("norm", "spectrum", "rows", "probe", "rescale", "drift")
 """The bf16-robust checks, by name (harness/judging/registry.py says which apply to a case)."""
 
-STATISTIC_CHECKS = {"norm": ("norm", "decay"), "spectrum": ("sv_mean", "sv_spread"), "rows": ("row_spread",),
-                    "drift": ("drift",)}
+STATISTIC_CHECKS = types.MappingProxyType({"norm": ("norm", "decay"), "spectrum": ("sv_mean", "sv_spread"),
+                                           "rows": ("row_spread",), "drift": ("drift",)})
 """The robust checks judging statistics (all but probe and rescale), with the statistics each judges; an
 algorithm names its own beyond norm and drift (harness/algorithms: `robust_checks`)."""
 DRIFT_MIN_STEPS = 8

@@ -11,6 +11,8 @@ allowance tighter than no measurement would give.
 from __future__ import annotations
 
 import math
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -21,11 +23,11 @@ class Safety:
     floor: float
 
 
-SAFETY: dict[str, Safety] = {
+SAFETY: Mapping[str, Safety] = types.MappingProxyType({
     "coefficient": Safety(2.0, 2, 0.05),
     "noise": Safety(3.0, None, 0.0),
     "drift": Safety(3.0, None, 0.0),
-}
+})
 """Per table kind (harness/policy/tables.py). coefficient: c = 2x the worst, rounded up to two significant
 digits, at least 0.05; no more than 2x, since in bf16 the first-order amplification already overestimates
 the error ~15x (a Gaussian Polar Express case, A ~ 300, sits at rtol ~0.17 at 2x, below ILL_POSED_RTOL);

@@ -20,6 +20,8 @@ No field holds "/"; `Key.parse(str(key)) == key`.
 from __future__ import annotations
 
 import hashlib
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cases import Case
@@ -78,20 +80,20 @@ STEEP_COEFFICIENT = 8.0
 first step: 8.2, -23.6, 17.3), so near s = 1 terms of that size cancel to O(1) and rounding is
 amplified beyond what Keller Jordan's quintic (3.4445, -4.775, 2.0315, class "poly-mild") sees."""
 
-OWN_SCHEDULES: dict[str, tuple[tuple[Coefficients, ...], float]] = {
+OWN_SCHEDULES: Mapping[str, tuple[tuple[Coefficients, ...], float]] = types.MappingProxyType({
     "newton_schulz": (tuple(newton_schulz_schedule(5)), 1.0),
     "polar_express": (tuple(polar_express_schedule(5)), POLAR_EXPRESS_SAFETY),
-}
+})
 """The schedules optimizers.Muon runs, by their option names -> (coefficients, normaliser scale): Keller
 Jordan's quintic, and Polar Express with its 1.01 safety (either under the Gram iteration too). Their
 keys carry the schedule class alone."""
 
-SCHEDULES: dict[str, tuple[tuple[Coefficients, ...], float]] = {
+SCHEDULES: Mapping[str, tuple[tuple[Coefficients, ...], float]] = types.MappingProxyType({
     "you": (YOU_QUINTICS, 1.0),
     "pe102": (POLAR_EXPRESS_SAFETY_102, 1.02),
     "pe105": (safety_scaled(POLAR_EXPRESS_RAW[:5], GNS_SAFETY), 1.0),
     "pe4dp": (POLAR_EXPRESS_4DP, 1.0),
-}
+})
 """Every other schedule a built-in adapter declares, by the name its keys carry after the class ("poly-mild:you"):
 name -> (coefficients, the factor on ||U||_F in the normaliser they are run with). Jiacheng You's quintics (heavyball,
 dion, gram-newton-schulz, emerging-optimizers), nanochat's Polar Express for safety 1.02 (dion, dtensor-muon),

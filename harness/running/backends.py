@@ -12,6 +12,8 @@ too small, a GPU-tier case on a CPU backend) says why; the runner records that c
 from __future__ import annotations
 
 import copy
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -67,10 +69,10 @@ class Backend:
         return torch.device("cuda", torch.cuda.current_device()) if self.device_type == "cuda" else torch.device("cpu")
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
+BACKENDS: Mapping[str, Backend] = types.MappingProxyType({b.name: b for b in (
     Backend("cpu", False, "cpu"), Backend("cuda", False, "cuda"),
     Backend("gloo", True, "cpu"), Backend("nccl", True, "cuda"),
-)}
+)})
 
 
 def get(name: str) -> Backend:

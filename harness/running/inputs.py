@@ -6,6 +6,8 @@ the oracle is fed the rounded values: target and reference see the same numbers.
 
 from __future__ import annotations
 
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -15,8 +17,8 @@ import torch
 from cases import Case, gradient, initial_parameter
 from oracles import max_condition
 
-TORCH_DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32,
-                                        "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES: Mapping[str, torch.dtype] = types.MappingProxyType({"fp64": torch.float64, "fp32": torch.float32,
+                                        "bf16": torch.bfloat16, "fp16": torch.float16})
 """The torch dtype of each floating-format name used in cases and reports."""
 
 

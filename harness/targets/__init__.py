@@ -8,12 +8,14 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import types
+from collections.abc import Mapping
 
 import torch
 
 from harness.targets.base import OptimizerTarget, Target
 
-ALIASES: dict[str, str] = {
+ALIASES: Mapping[str, str] = types.MappingProxyType({
     "ours": "harness.targets.ours:target",
     "ours-triton": "harness.targets.fast_paths:triton",
     "ours-graphs": "harness.targets.fast_paths:cuda_graphs",
@@ -39,7 +41,7 @@ ALIASES: dict[str, str] = {
     "control-dion2-ef-unselected": "harness.targets.dion2_controls:ef_unselected",
     "control-dion2-submatrix-lr": "harness.targets.dion2_controls:submatrix_lr",
     "control-dion2-local-as-global": "harness.targets.dion2_controls:local_as_global",
-}
+})
 DEFAULT = "ours"
 
 

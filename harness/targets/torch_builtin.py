@@ -12,6 +12,8 @@ differ only by a factor (1 - mu) that the normaliser removes, up to eps.
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from cases import Case
@@ -19,7 +21,8 @@ from cases.axes import EXTREME_GRADIENT
 from harness.targets.base import OptimizerTarget
 from oracles import Conventions, Orthogonalizer
 
-_ADJUST = {"spectral_norm": ("original", "spectral_norm_clamped"), "rms_norm": ("match_rms_adamw", "rms_norm")}
+_ADJUST = types.MappingProxyType(
+    {"spectral_norm": ("original", "spectral_norm_clamped"), "rms_norm": ("match_rms_adamw", "rms_norm")})
 """case adjust_lr -> (torch's adjust_lr_fn, the formula it computes)."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import torch
 
@@ -18,7 +19,8 @@ from optimizers.algorithms.base import Group
 from optimizers.algorithms.muon import default_compute_dtype
 from oracles import Conventions, Orthogonalizer
 
-VARIANTS = {("fp64", "fp32"): ("bf16", "fp16"), ("fp32", "bf16"): ("fp16",), ("bf16", "bf16"): ("fp16",)}
+VARIANTS = types.MappingProxyType(
+    {("fp64", "fp32"): ("bf16", "fp16"), ("fp32", "bf16"): ("fp16",), ("bf16", "bf16"): ("fp16",)})
 """(param, compute) of a tier case -> the other compute formats its polynomial cases are also run in."""
 
 
@@ -56,7 +58,7 @@ def declared_polynomial(coefficients: tuple, scale: float, mats: torch.Tensor, g
     return (x.mT if tall else x).to(mats.dtype)
 
 
-MEASURABLE = {**keys.OWN_SCHEDULES, **keys.SCHEDULES}
+MEASURABLE = types.MappingProxyType({**keys.OWN_SCHEDULES, **keys.SCHEDULES})
 """Schedules --schedules takes: the named peer schedules, and ours by option name (on a Gram case,
 "newton_schulz" is Keller Jordan's quintic under the Gram iteration, which our tiers' Gram cases do not run)."""
 

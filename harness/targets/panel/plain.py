@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Any
 
 import torch
@@ -50,9 +51,9 @@ from oracles import Conventions, Orthogonalizer
 FORMS = ("fused", "expanded")
 STATES = ("param", "fp32")
 ALGORITHMS = ("muon", "normuon", "dion2", "nordion2")
-SELECTING = {"dion2": False, "nordion2": True}
+SELECTING = types.MappingProxyType({"dion2": False, "nordion2": True})
 """The selecting algorithms, each with whether it selects rows only."""
-NAMED = {**OWN_SCHEDULES, **SCHEDULES}
+NAMED = types.MappingProxyType({**OWN_SCHEDULES, **SCHEDULES})
 """Schedules a Plain target can be told to run in place of its case's: a peer's, or ours by option name."""
 VARIANCE_EPS = 1e-8
 GRAM_RESTART = 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import types
 from types import ModuleType
 from typing import Sequence
 
@@ -20,7 +21,8 @@ import torch
 from cases import Case
 from harness.targets.base import OptimizerTarget
 
-FORMAT_OF = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+FORMAT_OF = types.MappingProxyType(
+    {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"})
 """torch dtype -> the oracle's format name."""
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 
 import torch
 
@@ -40,7 +41,7 @@ from oracles import Conventions, Orthogonalizer
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-ORTHOGONALIZERS = {"gram": "gram_newton_schulz", "standard": "newton_schulz"}
+ORTHOGONALIZERS = types.MappingProxyType({"gram": "gram_newton_schulz", "standard": "newton_schulz"})
 """ns_method -> the case orthogonalizer whose cases it is judged on."""
 
 

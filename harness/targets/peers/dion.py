@@ -25,6 +25,8 @@ case axes name them.
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from cases import Case
@@ -32,7 +34,7 @@ from harness.targets.peers import PeerTarget
 from oracles import Conventions, Orthogonalizer
 from oracles.coefficients import POLAR_EXPRESS_SAFETY_102, YOU_QUINTICS
 
-PEER_CLASSES = {"muon": "Muon", "normuon": "NorMuon"}
+PEER_CLASSES = types.MappingProxyType({"muon": "Muon", "normuon": "NorMuon"})
 """case.optimizer -> the dion class that implements it."""
 
 EPSILON = 1e-8

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 
 import torch
 
@@ -51,13 +52,13 @@ from oracles.coefficients import POLAR_EXPRESS_4DP, YOU_QUINTICS
 EPS = 1e-7
 """`newton_schulz`'s eps: X0 = U / max(||U||_F, eps)."""
 
-MATMUL_PRECISION = {"bf16": "medium", "fp32": "highest"}
+MATMUL_PRECISION = types.MappingProxyType({"bf16": "medium", "fp32": "highest"})
 """case.compute_dtype -> the `fp32_matmul_prec` under which the peer iterates in that format."""
 
-COEFFICIENTS = {"newton_schulz": "quintic", "polar_express": "polar_express"}
+COEFFICIENTS = types.MappingProxyType({"newton_schulz": "quintic", "polar_express": "polar_express"})
 """case.orthogonalizer -> the peer's `coefficient_type`."""
 
-SPECTRAL_MODES = {"unit_rms_norm": "spectral_norm", "shape_scaling": "spectral_norm_clamped"}
+SPECTRAL_MODES = types.MappingProxyType({"unit_rms_norm": "spectral_norm", "shape_scaling": "spectral_norm_clamped"})
 """The peer's scale mode run for the spectral_norm cases -> the lr-scale convention it follows."""
 
 

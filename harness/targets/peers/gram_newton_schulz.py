@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import types
 
 import torch
 
@@ -36,9 +37,9 @@ from oracles.coefficients import GNS_SAFETY, POLAR_EXPRESS_RAW, YOU_QUINTICS, sa
 EPS = 1e-7
 """gram-newton-schulz's default `ns_epsilon`."""
 
-RUNS = {"gram_newton_schulz": ("gram_newton_schulz", "POLAR_EXPRESS_COEFFICIENTS"),
+RUNS = types.MappingProxyType({"gram_newton_schulz": ("gram_newton_schulz", "POLAR_EXPRESS_COEFFICIENTS"),
         "polar_express": ("standard_newton_schulz", "POLAR_EXPRESS_COEFFICIENTS"),
-        "newton_schulz": ("standard_newton_schulz", "YOU_COEFFICIENTS")}
+        "newton_schulz": ("standard_newton_schulz", "YOU_COEFFICIENTS")})
 """case.orthogonalizer -> the package's (ns_algorithm, coefficient preset)."""
 
 
