@@ -17,6 +17,7 @@ import math
 import pkgutil
 import re
 import types
+from collections.abc import Mapping
 from pathlib import Path
 
 import harness.policy
@@ -33,7 +34,7 @@ def canonical(value: object) -> object:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"type": type(value).__name__,
                 **{f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}}
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # a dict or a read-only mapping: the same data
         return [[canonical(k), canonical(v)] for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))]
     if isinstance(value, (list, tuple, frozenset, set)):
         items = [canonical(v) for v in value]
