@@ -113,12 +113,13 @@ def reference(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
 
 
 def relation(name: str, case: Case, target: Target, inputs: Inputs, traj: Trajectory,
-              other: Trajectory, exact: bool | None = None) -> Outcome:
+              other: Trajectory, exact: bool | None = None, across_layouts: bool = False) -> Outcome:
     """`traj` vs `other`: two runs of the same inputs that must agree, member by member, step by step;
-    bitwise in fp64 where both run the same arithmetic (`exact`, by default the target's claim)."""
+    bitwise in fp64 where both run the same arithmetic (`exact`, by default the target's claim);
+    `across_layouts`: `other` ran in one process, `traj` over the case's layout (tolerance.for_relation)."""
     exact = target.exact_relations if exact is None else exact
     try:
-        tol = tolerance.for_relation(case, policy(case, target, inputs), exact)
+        tol = tolerance.for_relation(case, policy(case, target, inputs), exact, across_layouts)
     except tolerance.NoEntry as gap:
         return gap_or_tie(name, gap, case, target, inputs, traj)
     if isinstance(tol, str):

@@ -130,7 +130,7 @@ def local_shard(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> O
 def layout(case: Case, target: Target, inputs: Inputs, pieces: Pieces) -> Outcome:
     """Layout invariance: the gathered run against the target's single-process run of the same inputs."""
     single = target.run(inputs.params, inputs.grads, case)
-    out = checks.relation("layout", case, target, inputs, gather(case, pieces), single)
+    out = checks.relation("layout", case, target, inputs, gather(case, pieces), single, across_layouts=True)
     return dataclasses.replace(out, message=f"{case.layout_detail} on {case.world_size} ranks vs one process: "
                                             f"{out.message}")
 

@@ -2,7 +2,8 @@
 A check whose comparison is ill-posed records `skipped` with the rule's reason, never pass or fail.
 
   reference rtol   a derived rtol above ILL_POSED_RTOL (harness/policy/tolerance.py)
-  SVD rank         an SVD whose rank cut-off falls among the singular values (oracles' `ambiguous_rank`)
+  SVD rank         an SVD whose rank cut-off falls among the singular values (oracles' `ambiguous_rank`); and
+                   a relation across layouts of an SVD case whose reference rtol is ill-posed (for_relation)
   selection tie    the k-th and (k+1)-th slice L1 norms within the momentum's rounding (`selection_ill_posed`)
   noise ceiling    a robust statistic whose allowance reaches NOISE_CEILING (harness/policy/noise.py)
 """

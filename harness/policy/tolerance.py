@@ -207,15 +207,22 @@ def for_case(case: Case, conv: Conventions, grads: Sequence[Sequence[np.ndarray]
                       f"{note}, {found.provenance.get('date', '?')}{included}", sens, floor_format)
 
 
-def for_relation(case: Case, policy: CasePolicy, same_arithmetic: bool) -> Tolerance | str:
+def for_relation(case: Case, policy: CasePolicy, same_arithmetic: bool,
+                 across_layouts: bool = False) -> Tolerance | str:
     """Tolerance of a relation between two runs of the target on the same inputs of `case`, or why it
-    is ill-posed; `same_arithmetic`: both runs apply the same kernels (exact in fp64)."""
+    is ill-posed; `same_arithmetic`: both runs apply the same kernels (exact in fp64). Where the case's reference
+    is ill-posed, two runs of the same kernels are still judged (at ILL_POSED_RTOL: their roundings are the same
+    but for summation order), except `across_layouts` (a gathered distributed run against one process, whose
+    memory layouts, hence roundings, differ) under the SVD, whose kept rank then flips."""
     if same_arithmetic and policy.key.compute_dtype == "fp64" and case.param_dtype == "fp64":
         return EXACT
     worst = policy.worst()
     rtol = policy.rtol(worst.amplification)
     if rtol > ILL_POSED_RTOL and not same_arithmetic:
         return f"ill-posed for two runs with different kernels: {policy._source(worst)}"
+    if rtol > ILL_POSED_RTOL and across_layouts and policy.key.schedule == "svd":
+        return (f"ill-posed for two runs over different layouts: an SVD's kept rank turns on their rounding near its "
+                f"cut-off: {policy._source(worst)}")
     capped = min(rtol, ILL_POSED_RTOL)
     note = f" (capped at {ILL_POSED_RTOL:g}: same kernels on the same inputs)" if capped < rtol else ""
     return Tolerance(2.0 * capped, 2.0 * STORAGE_ULPS, f"2 x {policy._source(worst)}{note}")
