@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from cases import Case, space, tier
+from cases import Case, algorithms, space, tier
 from cases.axes import EXTREME_GRADIENT, NONFINITE_GRADIENT
 from harness.targets.base import Target, distributed_maker, why_unsupported
 
@@ -73,8 +73,9 @@ in a few formats that a narrow target may support none of."""
 def range_rows(rows: list[Case], supports: Callable[[Case], str | None]) -> list[Case]:
     """For each kind of RANGE_GRADIENTS that no case of `rows` has: the single-process cases of `rows` with
     gradients of that kind (as a megabatch of two over two steps, as the written cases are, where `supports`
-    accepts that, else as they are), one per (parameter, compute, orthogonalizer) format, so that a target meets
-    its normaliser's range and the non-finite policy in every format it runs."""
+    accepts that, else as they are), one per (parameter, compute, orthogonalizer) format of a matrix algorithm (as
+    the written cases are), so that a target meets its normaliser's range and the non-finite policy in every
+    format it runs."""
     out: list[Case] = []
     for kind in RANGE_GRADIENTS:
         if any(c.grad == kind for c in rows):
@@ -82,12 +83,12 @@ def range_rows(rows: list[Case], supports: Callable[[Case], str | None]) -> list
         formats: set[tuple[str, str, str]] = set()
         for case in rows:
             form = (case.param_dtype, case.compute_dtype, case.orthogonalizer)
-            if case.world_size > 1 or form in formats:
+            if case.world_size > 1 or form in formats or algorithms.entry(case.optimizer).elementwise:
                 continue
             for changes in ({"megabatch": 2, "steps": 2}, {}):
                 try:
                     candidate = dataclasses.replace(case, grad=kind, **changes)
-                except ValueError:  # the case admits no such gradient (an elementwise algorithm's extreme ones)
+                except ValueError:  # the case admits no such gradient (a 1-D parameter's)
                     break
                 if supports(candidate) is None:
                     out.append(candidate)
