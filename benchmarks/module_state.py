@@ -52,8 +52,8 @@ def own_names(module: types.ModuleType) -> list[str]:
 
 def mutable(value: object) -> bool:
     """True for a mutable object (module docstring)."""
-    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
-                          types.MethodType, types.GenericAlias, contextvars.ContextVar, typing.TypeVar)) or callable(value) and \
+    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                          types.GenericAlias, contextvars.ContextVar, typing.TypeVar)) or callable(value) and \
             hasattr(value, "cache_info"):
         return False
     if isinstance(value, MUTABLE):

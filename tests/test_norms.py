@@ -77,7 +77,8 @@ def test_the_cpu_shortcut_gives_the_scaled_paths_bits_and_skips_its_pass_only_wh
     limit = entry_limit(12 * 20, dtype, 1.0)
     passes = []
     monkeypatch.setattr(norms, "downscale", lambda *a: passes.append(1) or downscale(*a))
-    for name, edit, scaled in [("plain", lambda x: x, False), ("at half the limit", lambda x: x / x.norm() * limit / 4, False),
+    for name, edit, scaled in [("plain", lambda x: x, False),
+                               ("at half the limit", lambda x: x / x.norm() * limit / 4, False),
                                ("one huge", lambda x: torch.cat([x[:3], x[3:] * limit]), True),
                                ("a NaN", lambda x: torch.cat([x[:3], x[3:] * math.nan]), True),
                                ("an inf", lambda x: torch.cat([x[:3], x[3:] * math.inf]), True)]:

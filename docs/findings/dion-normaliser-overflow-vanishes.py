@@ -3,8 +3,8 @@
 Their steps are invariant to the gradient's scale: U / ||U||_F is the same matrix for G and 2^107 G.
 dion casts U to bf16 and divides it by 1.02 ||U||_F + eps, whose sum of squares (fp32) overflows once
 entries reach 2^64 / sqrt(count) (2^60 for this 12 x 20 matrix): the norm is inf, X0 is 0, and the
-parameter only decays. Needs only torch and dion. Prints the update norms at gradient scales 1 and 2^107 and exits 1 when the
-second vanishes for either optimizer.
+parameter only decays. Needs only torch and dion. Prints the update norms at gradient scales 1 and 2^107 and
+exits 1 when the second vanishes for either optimizer.
 """
 
 import sys

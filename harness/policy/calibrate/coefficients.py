@@ -223,15 +223,17 @@ def main() -> None:
     # a non-finite gradient's reference is a pattern of NaN (the `nonfinite` check), no rounding to measure
 
     def kept(c: Case) -> bool:
-        return ((not args.select or any(s in c.id for s in args.select)) and not (args.skip and re.search(args.skip, c.id))
-                and c.grad != NONFINITE_GRADIENT)
+        return ((not args.select or any(s in c.id for s in args.select))
+                and not (args.skip and re.search(args.skip, c.id)) and c.grad != NONFINITE_GRADIENT)
     every = [] if args.tier == "none" else (tier(args.tier) if not args.tier_of
                                              else target_tier(args.tier, load_target(args.tier_of)).cases)
     chosen = [c for c in dict.fromkeys(map(single, every)) if kept(c)]
     whole = [c for c in chosen if c in ci or (args.whole and re.search(args.whole, c.id))]
     cases = whole + [c for c in chosen if c not in set(whole)][::args.every]
-    cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in set(cases)]
-    own = {m: [c for c in own_cases(m, args.tier) if kept(c) and c not in set(cases)]
+    measured = set(cases)
+    cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers)) if c not in measured]
+    measured = set(cases)
+    own = {m: [c for c in own_cases(m, args.tier) if kept(c) and c not in measured]
            for m in args.members} if args.tier != "none" and not args.tier_of else {}
     todo = runs(cases, tuple(args.schedules), tuple(args.members), own)[shard::shards]
     found: dict[keys.Key, list[tuple[float, str]]] = defaultdict(list)

@@ -133,12 +133,13 @@ def jobs_of(ids: list[str], members: list[str], schedules: list[str], eps: float
     """Each case run by each member that runs it, each member also on its `own` case ids (with each of
     `schedules` on its polynomial cases, if any)."""
     out: list[Job] = []
+    shared = set(ids)
     for name in schedules or [None]:
         for member in members:
             target = build(member, name, eps)
             if target is None:
                 continue
-            for i in ids + [i for i in (own or {}).get(member, []) if i not in set(ids)]:
+            for i in ids + [i for i in (own or {}).get(member, []) if i not in shared]:
                 case = Case.from_id(i)
                 if not (name and case.orthogonalizer == "svd") and runs_case(member, target, case):
                     out.append((member, i, name, eps))
@@ -185,8 +186,8 @@ def main() -> int:
                              "these (harness/policy/keys.py SCHEDULES, or ours by option name)")
     parser.add_argument("--members", nargs="+", default=[OURS], choices=MEMBERS,
                         help="the panel members measured (harness/policy/calibrate/panel.py; default: ours)")
-    parser.add_argument("--judged-ci", action="store_true", help="also the CI tier's cases the robust checks judge (and each member's "
-                        "own CI-tier rows they judge: panel.own_cases)")
+    parser.add_argument("--judged-ci", action="store_true", help="also the CI tier's cases the robust checks "
+                        "judge (and each member's own CI-tier rows they judge: panel.own_cases)")
     parser.add_argument("--eps", type=float, default=None, help="with --schedules: the normaliser's eps (default "
                         "ours'); only tiny gradients' keys depend on it (harness/policy/keys.py EPS_GRADIENTS)")
     args = parser.parse_args()
@@ -196,9 +197,11 @@ def main() -> int:
     if args.eps is not None and not args.schedules:
         parser.error("--eps needs --schedules")
     cases = measurement_cases(args.seeds) if args.tier == "ci" else []
-    cases += [c for c in judged_ci() if args.judged_ci and c not in set(cases)]
+    known = set(cases)
+    cases += [c for c in judged_ci() if args.judged_ci and c not in known]
+    known = set(cases)
     cases += [c for c in drawn(args.drawn, args.drawn_seed, tuple(args.optimizers))
-              if robust_checks.applies(c, c.compute_dtype) and c not in set(cases)]
+              if robust_checks.applies(c, c.compute_dtype) and c not in known]
     ids = [c.id for c in cases if not (args.skip and re.search(args.skip, c.id))]
     own = {m: [c.id for c in own_cases(m, "ci") if robust_checks.applies(c, c.compute_dtype)
                and not (args.skip and re.search(args.skip, c.id))] for m in args.members} if args.judged_ci else {}
