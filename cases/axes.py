@@ -106,6 +106,11 @@ EF_DECAY = 0.95
 
 HYPER_DEFAULTS = {"lr": LR, "momentum": MOMENTUM, "beta2": BETA2, "ef_decay": EF_DECAY}
 """A case's hyper-parameters and their values where its id does not name them."""
+CONSTRUCTIONS = ("explicit", "defaults")
+"""How a case's optimizer is built: "explicit" passes every hyper-parameter the case sets; "defaults" passes
+only what the target's documented defaults leave to the case (the lr, the parameter and compute formats), so
+that the case's other values are those defaults and a changed default fails the case. Defaults cases are rows
+of a target's own tier (harness/running/selection.py: `defaults_rows`), never of the global tiers."""
 HYPER_VALUES = {"momentum": (0.95, 0.9), "beta2": (0.95, 0.99), "ef_decay": (0.95, 0.9)}
 """The values of each algorithm-specific hyper-parameter in the full axis space: the default and another,
 each varied on its own, so that a defect swapping two of them shows."""

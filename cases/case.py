@@ -55,13 +55,15 @@ class Case:
     beta2: float = axes.BETA2
     ef_decay: float = axes.EF_DECAY
     """Dion2's error-feedback decay (its `momentum` is unused: fraction 1 is Muon with momentum ef_decay)."""
+    construct: str = axes.CONSTRUCTIONS[0]
+    """How the optimizer is built (axes.CONSTRUCTIONS): every hyper-parameter passed, or its defaults taken."""
 
     def __post_init__(self) -> None:
         allowed = {"layer": tuple(axes.known_layers()), "param_dtype": axes.DTYPES,
                    "compute_dtype": axes.DTYPES,
                    "orthogonalizer": axes.EVERY_ORTHOGONALIZER + (axes.NO_ORTHOGONALIZER,),
                    "adjust_lr": axes.ADJUST_LR, "grad": axes.GRADIENTS + (axes.EXTREME_GRADIENT, axes.NONFINITE_GRADIENT),
-                   "optimizer": algorithms.names()}
+                   "optimizer": algorithms.names(), "construct": axes.CONSTRUCTIONS}
         for name, values in allowed.items():
             if getattr(self, name) not in values:
                 raise ValueError(f"Case.{name}={getattr(self, name)!r}; expected one of {values}")
@@ -140,11 +142,13 @@ class Case:
 
     @property
     def optimizer_token(self) -> str:
-        """The optimizer with its fraction, its own hyper-parameters away from their defaults and its scope:
-        muon, dion2-f0.25, dion2-f0.25-ef0.9-global, normuon-b0.99."""
+        """The optimizer with its fraction, its own hyper-parameters away from their defaults, how it is built
+        where that is from its defaults, and its scope: muon, dion2-f0.25, dion2-f0.25-ef0.9-global,
+        normuon-b0.99, normuon-defaults."""
         parts = [self.optimizer] + ([f"f{self.fraction:g}"] if self.fraction is not None else [])
         parts += [f"ef{self.ef_decay:g}"] if self.ef_decay != axes.EF_DECAY else []
         parts += [f"b{self.beta2:g}"] if self.beta2 != axes.BETA2 else []
+        parts += [self.construct] if self.construct != axes.CONSTRUCTIONS[0] else []
         return "-".join(parts + ([self.scope] if self.scope else []))
 
     @property

@@ -47,17 +47,20 @@ _OPTIMIZER_PARTS = (("fraction", "f", float), ("ef_decay", "ef", float), ("beta2
 
 
 def _read_optimizer(text: str) -> dict[str, Any]:
-    """NAME[-f<fraction>][-ef<ef_decay>][-b<beta2>][-<scope>]; a part left out is None (fraction, scope)
-    or its default."""
+    """NAME[-f<fraction>][-ef<ef_decay>][-b<beta2>][-defaults][-<scope>]; a part left out is None (fraction,
+    scope) or its default."""
     name, *parts = text.split("-")
     fields: dict[str, Any] = {"optimizer": name, "fraction": None, "scope": None}
     if parts and parts[-1] in axes.SCOPES:
         fields["scope"] = parts.pop()
+    if parts and parts[-1] in axes.CONSTRUCTIONS[1:]:
+        fields["construct"] = parts.pop()
     for field, prefix, kind in _OPTIMIZER_PARTS:
         if parts and parts[0].startswith(prefix):
             fields[field] = kind(parts.pop(0).removeprefix(prefix))
     if parts:
-        raise ValueError(f"optimizer token {text!r} must read NAME[-f<fraction>][-ef<ef_decay>][-b<beta2>][-<scope>]")
+        raise ValueError(f"optimizer token {text!r} must read "
+                         "NAME[-f<fraction>][-ef<ef_decay>][-b<beta2>][-defaults][-<scope>]")
     return fields
 
 
@@ -91,8 +94,8 @@ _FLATTEN = {"flat": True, "noflat": False}
 _NESTEROV = {"nesterov": True, "plain": False}
 
 TOKENS: tuple[Token, ...] = (
-    Token("optimizer", ("optimizer", "fraction", "ef_decay", "beta2", "scope"), lambda c: c.optimizer_token,
-          _read_optimizer),
+    Token("optimizer", ("optimizer", "fraction", "ef_decay", "beta2", "construct", "scope"),
+          lambda c: c.optimizer_token, _read_optimizer),
     Token("layer", ("layer",), lambda c: f"{c.layer}-{c.shape_text}",
           lambda t: {"layer": t.rpartition("-")[0]}),  # the shape after it is checked by the canonical id
     Token("megabatch", ("megabatch",), lambda c: f"mb{c.megabatch}",

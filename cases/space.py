@@ -33,7 +33,11 @@ from cases.case import Case
 AXES = ("optimizer", "fraction", "ef_decay", "beta2", "scope", "layer", "kind", "megabatch", "flatten",
         "param_dtype", "compute_dtype", "orthogonalizer", "adjust_lr", "nesterov", "momentum", "weight_decay",
         "lr", "steps", "grad", "seed", "layout", "world_size")
-"""The axes a covering array combines: every field of `Case`, and the layer's kind."""
+"""The axes a covering array combines: every field of `Case` but `NOT_COMBINED`, and the layer's kind."""
+
+NOT_COMBINED = ("construct",)
+"""Case fields no covering array varies: a defaults case holds one target's documented defaults, so it is a row
+that target's own tier adds (harness/running/selection.py: `defaults_rows`)."""
 
 GROUPS = (
     ("kind", "flatten", "grad", "optimizer", "compute_dtype"),

@@ -44,6 +44,7 @@ AXES: dict[str, Axis] = {a.field: a for a in (
     Axis("seed", (0,), (0, 2**16), "span"),
     Axis("layout", layouts.LAYOUTS),
     Axis("world_size", (1, *layouts.NIGHTLY_WORLD_SIZES)),
+    Axis("construct", axes.CONSTRUCTIONS[:1]),  # a defaults case holds a target's defaults: its own tier's rows
 )}
 """Every `Case` field's drawn domain (tensor-parallel layouts are spelled by cases/layouts.py, not listed)."""
 

@@ -5,12 +5,17 @@ supports every case gets the global tier, a run that judged too little says THIN
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
-from cases import Case, schema, tier
+import pytest
+
+import optimizers
+from cases import Case, algorithms, schema, tier
 from harness.judging.scope import MIN_JUDGED, judgement
+from harness.runner import run_case
 from harness.running.selection import target_tier
 from harness.targets import load_target
 from harness.targets.ours import OursMuon
@@ -70,7 +75,8 @@ def test_a_narrow_target_meets_the_range_and_nonfinite_gradients_in_each_of_its_
         assert all(c.world_size == 1 and Narrow().unsupported(c) is None for c in rows)
         assert kind in own.values["grad"]
     assert not [c for c in target_tier("ci", NoRange()).cases if c.grad in ("extreme", "nonfinite")]
-    assert target_tier("ci", OursMuon()).cases == tuple(tier("ci"))  # ours has the written ones: nothing added
+    ours = target_tier("ci", OursMuon()).cases  # ours has the written ones: only its defaults rows are added
+    assert ours[:len(tier("ci"))] == tuple(tier("ci")) and {c.construct for c in ours[len(tier("ci")):]} == {"defaults"}
 
 
 def test_a_narrow_target_gets_its_own_covering_tier():
@@ -85,8 +91,61 @@ def test_a_narrow_target_gets_its_own_covering_tier():
     assert {0.0, 1e-4, 0.01, 0.1} == {c.weight_decay for c in own.cases}
 
 
-def test_a_target_that_supports_every_case_gets_the_global_tier():
-    assert list(target_tier("ci", load_target("ours")).cases) == tier("ci")
+def test_a_target_that_supports_every_case_gets_the_global_tier_then_its_defaults_rows():
+    own = target_tier("ci", load_target("ours")).cases
+    assert list(own[:len(tier("ci"))]) == tier("ci")
+    assert [c.optimizer for c in own[len(tier("ci")):]] == [n for n in algorithms.names() for _ in range(2)]
+    torch_rows = [c for c in target_tier("ci", load_target("torch")).cases if c.construct == "defaults"]
+    assert [c.id for c in torch_rows] == [
+        "muon-defaults/linear-12x20/mb2/noflat/fp32@bf16/ns/spectral_norm/nesterov/wd0.1/steps3/gaussian/seed0"]
+
+
+class WrongDefault(OursMuon):
+    """Ours, but where the optimizer is built from its defaults NorMuon's beta2 default is 0.5 (the default a
+    mutation of optimizers/algorithms/normuon.py changes; every explicit case passes beta2 itself)."""
+
+    name = "wrong-default"
+
+    def options(self, case: Case) -> dict:
+        chosen = super().options(case)
+        if case.construct == "defaults" and case.optimizer == "normuon":
+            record = optimizers.REGISTRY["normuon"]
+            chosen["algorithm"] = dataclasses.replace(record, defaults={**record.defaults, "beta2": 0.5})
+        return chosen
+
+
+def test_a_changed_default_fails_the_defaults_case_and_no_explicit_one():
+    own = target_tier("ci", OursMuon()).cases
+    built = [c for c in own if c.construct == "defaults" and c.optimizer == "normuon"]
+    assert [c.layer for c in built] == ["linear", "conv2d"] and all(c.beta2 == 0.95 for c in built)
+    assert Case.from_id(built[0].id) == built[0] and built[0].id.startswith("normuon-defaults/")
+    explicit = dataclasses.replace(built[0], construct="explicit")
+    for target, case, failing in ((OursMuon(), built[0], False), (WrongDefault(), built[0], True),
+                                  (WrongDefault(), explicit, False)):
+        records = run_case(case, target, target.name)
+        assert records and all(r.status in ("pass", "fail", "skipped") for r in records), records
+        assert any(r.status == "fail" for r in records) == failing, (target.name, case.id, records)
+
+
+def test_a_check_that_changes_a_defaults_case_runs_it_explicitly():
+    """The bf16 probe runs the case at weight decay 10 and 0: built from the defaults, both would take the
+    default 0.1 of torch.optim.Muon and the decay relation failed at 1.4e6 x its allowance on correct code."""
+    torch_target = load_target("torch")
+    case = next(c for c in target_tier("ci", torch_target).cases if c.construct == "defaults")
+    records = run_case(case, torch_target, "torch")
+    assert {r.check for r in records} >= {"reference", "probe"}
+    assert {r.status for r in records} == {"pass"}, [(r.check, r.message) for r in records if r.status != "pass"]
+
+
+def test_a_declaration_no_case_can_hold_is_refused_naming_the_target():
+    class BadDeclaration(OursMuon):
+        name = "bad-declaration"
+
+        def defaults(self, optimizer: str):
+            return {"momentum": 1.5} if optimizer == "muon" else None
+
+    with pytest.raises(ValueError, match="target bad-declaration: its declared muon defaults"):
+        target_tier("ci", BadDeclaration())
 
 
 def _record(case: Case, status: str) -> Record:

@@ -1,7 +1,7 @@
 """Which judges reach which line: the coverage map a session selects each mutant's judges from.
 
 Measured once per state of the project's sources, in a process of its own on an unmutated copy:
-every single-process case of the CI tier run against our optimizer (`harness.runner.run_case`),
+every single-process case of our own CI tier run against our optimizer (`harness.runner.run_case`),
 then the unit-test files asked for (pytest in the same process), each case and each test under a
 coverage context of its own. A line's judges are the cases and tests whose context executed it,
 with the seconds each took (the map orders them cheapest first). Code that runs only in other
@@ -74,7 +74,8 @@ class Reach:
 
 
 def measure(root: Path, modules: list[str], test_files: list[str], select: list[str], key: str) -> Reach:
-    """Run the CI tier's single-process cases (those whose id contains a string of `select`, all when it
+    """Run our own CI tier's single-process cases (the global tier's, then the rows built from our documented
+    defaults; those whose id contains a string of `select`, all when it
     is empty) and `test_files` under coverage (in this process, whose imports must come from `root`) and
     return the map of `modules` (paths relative to `root`)."""
     import coverage
@@ -88,13 +89,13 @@ def measure(root: Path, modules: list[str], test_files: list[str], select: list[
     gloo_cases: list[str] = []
     cov.start()
     try:
-        from cases import ci_cases
         from harness.runner import run_case
+        from harness.running.selection import target_tier
         from harness.targets import load_target
 
         torch.set_num_threads(1)
         ours = load_target("ours")
-        for case in ci_cases():
+        for case in target_tier("ci", ours).cases:
             if select and not any(s in case.id for s in select):
                 continue
             if case.layout != "single":

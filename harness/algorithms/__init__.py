@@ -20,8 +20,9 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -54,6 +55,8 @@ class AlgorithmInfo:
     equivalent(case): a case of another algorithm whose steps this case's must equal (or None);
     layout_invariant(case): whether a distributed step must equal the single-process step;
     options(case): our optimizer's options for the algorithm's own hyper-parameters a case sets;
+    defaults: our optimizer's documented defaults (docs/optimizers.md) as the `Case` fields they set, every
+    hyper-parameter a case sets but the lr and the formats: what a defaults case (`Case.construct`) holds;
     includes: the algorithm whose every step this one can take (Dion2 with fraction 1 is Muon), or None:
     its measured rounding bounds this one's from below (harness/policy);
     robust_checks: its own bf16-robust checks beyond norm and probe (harness/judging/robust_checks.py);
@@ -69,6 +72,7 @@ class AlgorithmInfo:
     equivalent: Callable[[Case], Case | None] = lambda case: None
     layout_invariant: Callable[[Case], bool] = lambda case: True
     options: Callable[[Case], dict[str, Any]] = lambda case: {}
+    defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     includes: str | None = None
     robust_checks: tuple[str, ...] = ()
     drift: bool = False

@@ -5,6 +5,7 @@ direction contract yields no matrix and the tolerance policy's amplification is 
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -29,4 +30,5 @@ def _directions(case: Case, conv: Conventions) -> Directions:
 
 
 INFO = AlgorithmInfo("adamw", _oracle, _directions,
-                     options=lambda case: {"betas": (case.momentum, case.beta2)})
+                     options=lambda case: {"betas": (case.momentum, case.beta2)},
+                     defaults=MappingProxyType(dict(momentum=0.9, beta2=0.95, weight_decay=0.0)))

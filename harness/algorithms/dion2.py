@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 from typing import Any, Callable
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from cases import Case, matrix_shape
 from cases.axes import EF_DECAY
 from cases.layouts import piece_sizes, shard_dim
-from harness.algorithms import AlgorithmInfo, Directions, Oracle
+from harness.algorithms import AlgorithmInfo, Directions, Oracle, muon
 from harness.policy.ill_posed import selection_ill_posed
 from oracles import Conventions, Dion2Hyper, reference_dion2_step
 from oracles.dion2_reference import selected_direction, selects_rows
@@ -68,12 +69,13 @@ def selected_directions(rows_only: bool) -> Callable[[Case, Conventions], Direct
 
 def fraction_one(optimizer: str) -> Callable[[Case], Case | None]:
     """fraction 1 selects every slice: the step is `optimizer`'s (Muon or NorMuon) with momentum
-    ef_decay, no Nesterov, the same orthogonalizer, options and data."""
+    ef_decay, no Nesterov, the same orthogonalizer, options and data, built explicitly (`Case.construct`: its
+    momentum is no default)."""
     def equivalent(case: Case) -> Case | None:
         if case.fraction != 1.0:
             return None
         return dataclasses.replace(case, optimizer=optimizer, fraction=None, scope=None, momentum=case.ef_decay,
-                                   ef_decay=EF_DECAY)
+                                   ef_decay=EF_DECAY, construct="explicit")
     return equivalent
 
 
@@ -88,6 +90,9 @@ def options(case: Case) -> dict[str, Any]:
     return {**chosen, "selection_scope": case.scope} if case.scope else chosen
 
 
+DEFAULTS = MappingProxyType({**muon.DEFAULTS, "fraction": 0.25, "ef_decay": 0.95})
+"""`optimizers.Dion2`'s documented defaults (docs/optimizers.md); single-process, so no selection scope."""
+
 INFO = AlgorithmInfo("dion2", _oracle, selected_directions(False), selection_ill_posed, selects=True,
                      local_blocks=selection_blocks, equivalent=fraction_one("muon"), layout_invariant=invariant,
-                     options=options, includes="muon")
+                     options=options, defaults=DEFAULTS, includes="muon")

@@ -4,6 +4,7 @@ same-sharding reference (oracles/tensor_parallel.py)."""
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -76,5 +77,9 @@ def momentum_directions(case: Case, conv: Conventions) -> Directions:
     return Directions(np.zeros(case.shape), step)
 
 
+DEFAULTS = MappingProxyType(dict(momentum=0.95, nesterov=False, weight_decay=0.0, adjust_lr="spectral_norm",
+                                 flatten=False, orthogonalizer="polar_express"))
+"""`optimizers.Muon`'s documented defaults of a matrix algorithm's shared options (docs/optimizers.md)."""
+
 INFO = AlgorithmInfo("muon", _oracle, momentum_directions, layout_invariant=_invariant, options=_options,
-                     robust_checks=("spectrum",), drift=True)
+                     defaults=DEFAULTS, robust_checks=("spectrum",), drift=True)

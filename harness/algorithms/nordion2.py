@@ -4,6 +4,7 @@ its own rows, as NorMuon does."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from cases import Case
 from cases.layouts import shard_dim
 from harness.algorithms import AlgorithmInfo, Oracle
-from harness.algorithms.dion2 import fraction_one, options, selected_directions, selection_blocks
+from harness.algorithms.dion2 import DEFAULTS, fraction_one, options, selected_directions, selection_blocks
 from harness.algorithms.muon import row_blocks
 from harness.policy.ill_posed import selection_ill_posed
 from oracles import Conventions, NorDion2Hyper, initial_row_variance, reference_nordion2_step
@@ -37,4 +38,4 @@ INFO = AlgorithmInfo("nordion2", _oracle, selected_directions(True), selection_i
                      local_blocks=lambda case: selection_blocks(case, rows_only=True),
                      equivalent=fraction_one("normuon"), layout_invariant=_invariant,
                      options=lambda case: {**options(case), "beta2": case.beta2},
-                     includes="normuon")
+                     defaults=MappingProxyType({**DEFAULTS, "beta2": 0.95}), includes="normuon")

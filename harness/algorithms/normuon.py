@@ -5,6 +5,7 @@ its own rows, so its distributed step depends on the layout."""
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from cases import Case
 from cases.layouts import shard_dim
 from harness.algorithms import AlgorithmInfo, Oracle
-from harness.algorithms.muon import momentum_directions, row_blocks
+from harness.algorithms.muon import DEFAULTS, momentum_directions, row_blocks
 from oracles import Conventions, NorMuonHyper, initial_variance, reference_normuon_step
 
 
@@ -28,4 +29,5 @@ def _oracle(case: Case, conv: Conventions) -> Oracle:
 
 INFO = AlgorithmInfo("normuon", _oracle, momentum_directions,
                      layout_invariant=lambda case: shard_dim(case.layout) is None,
-                     options=lambda case: {"beta2": case.beta2}, robust_checks=("rows",), drift=True)
+                     options=lambda case: {"beta2": case.beta2}, defaults=MappingProxyType({**DEFAULTS, "beta2": 0.95}),
+                     robust_checks=("rows",), drift=True)

@@ -277,8 +277,10 @@ def probe_check(case: Case, target: Target, inputs: Inputs, traj: Trajectory) ->
     """The decay relation, where bf16 rounding cancels: the case run with weight decay
     PROBE_WEIGHT_DECAY and without, on the same inputs. Both orthogonalize the same directions, so
     each decayed step must be the declared decay of its own previous parameter plus the undecayed
-    run's step, up to the parameter dtype's storage rounding (RELATION_ULPS ulps)."""
-    decayed, plain = (dataclasses.replace(case, weight_decay=w) for w in (PROBE_WEIGHT_DECAY, 0.0))
+    run's step, up to the parameter dtype's storage rounding (RELATION_ULPS ulps). Both are built explicitly
+    (`Case.construct`): a weight decay the probe sets is no default."""
+    decayed, plain = (dataclasses.replace(case, weight_decay=w, construct="explicit")
+                      for w in (PROBE_WEIGHT_DECAY, 0.0))
     why = target.unsupported(decayed) or target.unsupported(plain)
     if why is not None:
         return Outcome("probe", NO_METRICS, None, f"probe case unsupported by the target: {why}",

@@ -3,8 +3,8 @@
 A target is judged on its own tier (`target_tier`): the global tier's cases it supports, then a covering
 array of the tier's full axis space restricted to what it supports (cases/space.py), so that every value and
 every pair of values it accepts is judged, however narrow it is, then its cases with extreme and non-finite
-gradients where it has none (`range_rows`). A target that supports every case gets
-the global tier itself. Which cases a target supports is what its adapter answers
+gradients where it has none (`range_rows`), then cases built from the defaults it declares
+(`defaults_rows`). A target that supports every case and declares no defaults gets the global tier itself. Which cases a target supports is what its adapter answers
 (harness.targets.base.why_unsupported: `unsupported(case)`, and a distributed or tensor-parallel layout
 only where it has those methods), asked of the global tier's cases and of cases drawn from the space.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cases import Case, algorithms, space, tier
-from cases.axes import EXTREME_GRADIENT, NONFINITE_GRADIENT
+from cases.axes import EXTREME_GRADIENT, NO_ORTHOGONALIZER, NONFINITE_GRADIENT
 from harness.targets.base import Target, distributed_maker, why_unsupported
 
 
@@ -53,7 +53,7 @@ def target_tier(tier_name: str, target: Target) -> TargetTier:
             rows += found.rows
             for axis, seen in found.values.items():
                 values.setdefault(axis, set()).update(seen)
-        extra = range_rows(rows, supports)
+        extra = range_rows(rows, supports) + defaults_rows(target, supports)
         rows += extra
         for case in extra:
             for axis, value in zip(space.AXES, space.values_of(case)):
@@ -94,6 +94,37 @@ def range_rows(rows: list[Case], supports: Callable[[Case], str | None]) -> list
                     out.append(candidate)
                     formats.add(form)
                     break
+    return out
+
+
+DEFAULTS_LAYERS = {False: ("linear", "conv2d"), True: ("bias", "embedding")}
+"""The layers of a matrix algorithm's defaults cases (a matrix, and a convolution under the default
+`flatten`), and of an elementwise one's (keyed by `elementwise`)."""
+
+
+def defaults_rows(target: Target, supports: Callable[[Case], str | None]) -> list[Case]:
+    """For each algorithm whose defaults `target` declares (`Target.defaults`): a megabatch of two over three
+    steps of Gaussian gradients on each of DEFAULTS_LAYERS, fp32 (unless the declaration fixes the formats),
+    holding the declared values, built from them (`construct` "defaults"), where `supports` accepts it. A
+    declaration that no valid case can hold is bad input: ValueError naming the target and algorithm."""
+    out: list[Case] = []
+    for name in algorithms.names():
+        declared = target.defaults(name)
+        if declared is None:
+            continue
+        entry = algorithms.entry(name)
+        for layer in DEFAULTS_LAYERS[entry.elementwise]:
+            base = dict(layer=layer, megabatch=2, flatten=False, param_dtype="fp32", compute_dtype="fp32",
+                        orthogonalizer=NO_ORTHOGONALIZER if entry.elementwise else "polar_express",
+                        adjust_lr="none" if entry.elementwise else "spectral_norm", nesterov=False, weight_decay=0.0,
+                        steps=3, grad="gaussian", optimizer=name, construct="defaults")
+            try:
+                case = Case(**{**base, **declared})
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"target {target.name}: its declared {name} defaults {dict(declared)} make no "
+                                 f"valid case ({exc})") from None
+            if supports(case) is None:
+                out.append(case)
     return out
 
 

@@ -9,7 +9,7 @@ subclassing `OptimizerTarget` (for any torch.optim.Optimizer) or `Target`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -48,6 +48,17 @@ class Target(ABC):
 
     def unsupported(self, case: Case) -> str | None:
         """Why this target cannot run `case`, or None if it can."""
+        return None
+
+    def defaults(self, optimizer: str) -> Mapping[str, Any] | None:
+        """The documented defaults of this target's `optimizer` (a `Case.optimizer`), as the `Case` fields they
+        set (momentum, nesterov, weight_decay, adjust_lr, flatten, orthogonalizer, beta2, ef_decay, fraction;
+        param_dtype and compute_dtype where the defaults fix them), or None: none declared (the default).
+
+        Where they are declared, the target's own tier adds cases holding them whose `construct` is
+        "defaults" (harness/running/selection.py: `defaults_rows`); the adapter builds such a case's
+        optimizer passing none of the declared options, so that it takes its own defaults, and a changed
+        default fails the case."""
         return None
 
     @abstractmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -34,10 +34,18 @@ class OursMuon(OptimizerTarget):
             lr_scale=case.adjust_lr, lr_dims="flattened" if case.flatten else "last_two",
             compute_dtype=case.compute_dtype, state_dtype=case.param_dtype)
 
+    def defaults(self, optimizer: str) -> Mapping[str, Any]:
+        """Each algorithm's record holds them (harness/algorithms/: `AlgorithmInfo.defaults`)."""
+        return algorithm(optimizer).defaults
+
     def options(self, case: Case) -> dict:
         """Muon keyword arguments for `case` (shared with the negative controls): the algorithm's own, and
-        for a matrix algorithm the matrix options."""
+        for a matrix algorithm the matrix options; for a defaults case only the algorithm, the lr and the
+        compute format (the defaults decide the rest, as `Muon(params, lr=...)` does)."""
         record = algorithm(case)
+        if case.construct == "defaults":
+            formats = {} if record.elementwise else {"compute_dtype": TORCH_DTYPES[case.compute_dtype]}
+            return dict(algorithm=case.optimizer, lr=case.lr, **formats)
         chosen = dict(algorithm=case.optimizer, lr=case.lr, weight_decay=case.weight_decay, **record.options(case))
         if record.elementwise:
             return chosen

@@ -13,6 +13,7 @@ differ only by a factor (1 - mu) that the normaliser removes, up to eps.
 from __future__ import annotations
 
 import types
+from typing import Any, Mapping
 
 import torch
 
@@ -52,7 +53,17 @@ class TorchMuon(OptimizerTarget):
             momentum="ema", nesterov="ema", lr_scale=_ADJUST[case.adjust_lr][1], lr_dims="first_two",
             compute_dtype="bf16")
 
+    def defaults(self, optimizer: str) -> Mapping[str, Any] | None:
+        """torch.optim.Muon's documented defaults: momentum 0.95, Nesterov, weight decay 0.1, adjust_lr_fn None
+        (the "original" scale), Keller's quintic in bf16 on 2-D parameters."""
+        if optimizer != "muon":
+            return None
+        return dict(momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr="spectral_norm",
+                    orthogonalizer="newton_schulz", compute_dtype="bf16")
+
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        if case.construct == "defaults":
+            return torch.optim.Muon(params, lr=case.lr)
         return torch.optim.Muon(params, lr=case.lr, momentum=case.momentum, nesterov=case.nesterov,
                                 weight_decay=case.weight_decay, adjust_lr_fn=_ADJUST[case.adjust_lr][0])
 
