@@ -4,7 +4,11 @@ tensor:
 
   momentum   M <- mu M + G                      (M, G fp32; and each new M's sum of squares, in fp64 parts:
                                                  the normaliser's norm without a pass of its own)
-  divide     X / d, rounded to bf16/fp16        (X fp32, one d per matrix: Gram Newton-Schulz's normaliser)
+  divide     (X f) / d, rounded to bf16/fp16    (X fp32, one d and optionally one power-of-two f per matrix:
+                                                 Gram Newton-Schulz's normaliser, f its overflow scale)
+  scaled_and_cast  X s, rounded to bf16/fp16/fp32, and s = norms.scale_of(max |X|) per matrix
+                                                (X fp32 or bf16: the normaliser's overflow-safe cast, two
+                                                 launches, one read of X where no matrix needs scaling)
   apply      X <- X (1 - lr wd) + alpha O       (X fp32; O the orthogonalized matrices, bf16/fp16/fp32,
                                                  row-major or a transposed view: widened in registers)
 
@@ -14,7 +18,9 @@ two to three times more; torch's mixed-dtype division (optimizers/gram_newton_sc
 ~1.2 TB/s on an H200. Bits: momentum rounds the product and the sum separately, as `mul_` then `add_`
 do (compiled with `enable_fp_fusion=False`); apply rounds the decay product, then adds alpha O with one
 fused multiply-add, as torch's `add_(O, alpha=...)` does on CUDA; divide divides correctly rounded
-(`div_rn`) and rounds to nearest even (tests/test_elementwise_triton.py checks all three against torch).
+(`div_rn`) and rounds to nearest even (tests/test_elementwise_triton.py checks all three against torch);
+scaled_and_cast writes the bits of norms.py's torch form, `downscale` then `torch.mul(x, scale, out=<dtype>)`
+(tests/test_norms_triton.py).
 
 Optional: imported by optimizers/elementwise.py only where triton is (CUDA machines; CPU tests under
 TRITON_INTERPRET=1).
@@ -82,7 +88,7 @@ def _apply(param_table, o_ptr, per_param, rows, cols, sob, sor, soc, decay, alph
 
 
 @triton.jit
-def _divide(x_ptr, d_ptr, out_ptr, per_matrix, BLOCK: tl.constexpr):
+def _divide(x_ptr, d_ptr, f_ptr, out_ptr, per_matrix, HAS_FACTOR: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(1)
     d = tl.load(d_ptr + b)
     base = b.to(tl.int64) * per_matrix
@@ -90,7 +96,86 @@ def _divide(x_ptr, d_ptr, out_ptr, per_matrix, BLOCK: tl.constexpr):
         offs = start + tl.arange(0, BLOCK)
         inside = offs < per_matrix
         x = tl.load(x_ptr + base + offs, mask=inside)
+        if HAS_FACTOR:  # x f in f's precision (fp64: exact), rounded to fp32, as torch's promoting mul rounds it
+            f = tl.load(f_ptr + b)
+            x = (x.to(f.dtype) * f).to(tl.float32)
         tl.store(out_ptr + base + offs, tl.math.div_rn(x, d).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _top(values):
+    # the largest of `values` (magnitudes), NaN where one is NaN (tl.max leaves NaN unspecified)
+    nan = values != values
+    return tl.where(tl.max(nan.to(tl.int32)) > 0, float("nan"), tl.max(tl.where(nan, 0.0, values)))
+
+
+@triton.jit
+def _rounded(v, dtype: tl.constexpr):
+    # fp32 v rounded to nearest even to `dtype`, as torch's casts round: to bf16 on the bits (the interpreter's
+    # bf16 conversion truncates), a NaN kept a quiet NaN
+    if dtype == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        even = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        even = tl.where(v != v, (bits >> 16) | 0x40, even)
+        return even.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return v.to(dtype)
+
+
+@triton.jit
+def _widened(x):
+    # x (bf16 or fp32) exactly in fp32, the precision its magnitudes and products are taken in; bf16 on the bits
+    # (the interpreter's conversion of a bf16 subnormal is off)
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _cast_and_top(x_ptr, out_ptr, parts_ptr, per_matrix, BLOCK: tl.constexpr):
+    # program (p, b): its share of matrix b rounded to out's dtype, and the share's largest |entry| (NaN where
+    # one is NaN) at parts[b, p]
+    b = tl.program_id(1)
+    base = b.to(tl.int64) * per_matrix
+    top = tl.zeros([BLOCK], dtype=parts_ptr.dtype.element_ty)
+    for start in range(tl.program_id(0) * BLOCK, per_matrix, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < per_matrix
+        x = _widened(tl.load(x_ptr + base + offs, mask=inside, other=0.0))
+        tl.store(out_ptr + base + offs, _rounded(x, out_ptr.dtype.element_ty), mask=inside)
+        magnitude = tl.abs(x)
+        top = tl.where((magnitude > top) | (magnitude != magnitude), magnitude, top)  # a NaN stays
+    tl.store(parts_ptr + b * tl.num_programs(0) + tl.program_id(0), _top(top))
+
+
+@triton.jit
+def _scale_of(top, limit):
+    # norms.scale_of: 1 where top <= limit (or NaN); else f / top = 2^-e for top = f 2^e, f in [0.5, 1) (f: top's
+    # mantissa under the exponent of 0.5; the quotient is a power of two, exact); NaN where top = +inf
+    f = ((top.to(tl.int32, bitcast=True) & 0x7FFFFF) | 0x3F000000).to(tl.float32, bitcast=True)
+    power = tl.math.div_rn(f, top)
+    power = tl.where(top == float("inf"), float("nan"), power)
+    return tl.where(top > limit, power, 1.0)
+
+
+@triton.jit
+def _rescale(x_ptr, out_ptr, parts_ptr, scale_ptr, per_matrix, limit, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    # program (p, b): matrix b's largest |entry| from its parts, its scale (stored by program 0); where the scale
+    # is not 1, its share of matrix b rewritten as x scale, rounded to x's dtype, then to out's
+    b = tl.program_id(1)
+    programs = tl.num_programs(0)
+    p = tl.arange(0, PARTS)
+    top = _top(tl.load(parts_ptr + b * programs + p, mask=p < programs, other=0.0))
+    scale = _scale_of(top, limit)
+    if tl.program_id(0) == 0:
+        tl.store(scale_ptr + b, _rounded(scale, scale_ptr.dtype.element_ty))
+    if top > limit:
+        base = b.to(tl.int64) * per_matrix
+        for start in range(tl.program_id(0) * BLOCK, per_matrix, programs * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            inside = offs < per_matrix
+            x = tl.load(x_ptr + base + offs, mask=inside)
+            product = _widened(_rounded(_widened(x) * scale, x_ptr.dtype.element_ty))
+            tl.store(out_ptr + base + offs, _rounded(product, out_ptr.dtype.element_ty), mask=inside)
 
 
 _EXACT = types.MappingProxyType({} if interpreted() else dict(enable_fp_fusion=False))
@@ -152,12 +237,34 @@ def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | No
            TILE_R=TILE_R, TILE_C=TILE_C, **_EXACT)
 
 
-def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype,
+           factors: torch.Tensor | None = None) -> torch.Tensor:
     """x / d per matrix of x [B, m, n] (fp32, each matrix a dense block of its own, in any order of its
     two dims), correctly rounded in fp32 and then rounded to `dtype`, as `torch.div(x, d, out=<dtype>)`
-    rounds it; `denominators` [B, 1, 1] fp32. The result has x's strides. One launch."""
+    rounds it; `denominators` [B, 1, 1] fp32; with `factors` f [B, 1, 1] (fp32 or fp64), (x f) / d, x f
+    formed in f's precision and rounded to fp32 first (`torch.mul(x, f, out=<fp32>)`). The result has x's
+    strides. One launch."""
     out = torch.empty_like(x, dtype=dtype)
     per_matrix = x[0].numel()
     programs = min(PROGRAMS, triton.cdiv(per_matrix, BLOCK))
-    launch(_divide, (programs, x.size(0)), x, denominators.contiguous(), out, per_matrix, BLOCK=BLOCK, **_EXACT)
+    f = denominators if factors is None else factors.contiguous()  # (an unread pointer without factors)
+    launch(_divide, (programs, x.size(0)), x, denominators.contiguous(), f, out, per_matrix,
+           HAS_FACTOR=factors is not None, BLOCK=BLOCK, **_EXACT)
     return out
+
+
+def scaled_and_cast(x: torch.Tensor, limit: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x scale rounded to `dtype`, scale [B, 1, 1] in x's dtype) for x [B, m, n] (fp32 or bf16, each
+    matrix a dense block of its own, in any order of its two dims; B > 0, m n > 0), dtype bf16, fp16 or fp32,
+    `limit` a float fp32 holds exactly: scale = norms.scale_of(max |entry| of the matrix, limit), the bits of
+    norms.py's `downscale` then `torch.mul(x, scale, out=torch.empty_like(x, dtype=dtype))` (the product in x's
+    precision, rounded to x's dtype, then to `dtype`). The result has x's strides. Two launches: the cast and
+    per-program largest entries, then the scales, with a second pass over the matrices whose scale is not 1."""
+    batch, per_matrix = x.size(0), x[0].numel()
+    programs = min(PROGRAMS, triton.cdiv(per_matrix, BLOCK))
+    out = torch.empty_like(x, dtype=dtype)
+    parts = torch.empty(batch, programs, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    scale = torch.empty(batch, 1, 1, dtype=x.dtype, device=x.device)
+    launch(_cast_and_top, (programs, batch), x, out, parts, per_matrix, BLOCK=BLOCK)
+    launch(_rescale, (programs, batch), x, out, parts, scale, per_matrix, float(limit), PARTS=PROGRAMS, BLOCK=BLOCK)
+    return out, scale

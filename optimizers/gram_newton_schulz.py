@@ -152,13 +152,24 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
     (optimizers/norms.py)."""
     wide = torch.promote_types(x.dtype, torch.float32)
     if norms is None:
-        x, norm, power = scaled_and_cast(x, (-2, -1), entry_limit(x.size(-2) * x.size(-1), wide, scale), wide)
+        limit = entry_limit(x.size(-2) * x.size(-1), wide, scale)
+        x, norm, power = scaled_and_cast(x, (-2, -1), limit, wide, kernels)
     else:
         known = norms.view(-1, 1, 1)
         power = scale_of(known, norm_limit(wide, scale))
+        divisor = denominator((known * power).to(wide), scale, eps, power)
+        # x power / divisor in one pass where the kernel runs (the bits of the two passes below)
+        fused = None if compute_dtype == wide else elementwise.divide(x, divisor, compute_dtype, kernels, power)
+        if fused is not None:
+            return fused
         x = torch.mul(x, power, out=torch.empty_like(x, dtype=wide))
-        norm = (known * power).to(wide)
-    divisor = denominator(norm, scale, eps, power)
+        return normalised_by(x, divisor, compute_dtype, wide, kernels)
+    return normalised_by(x, denominator(norm, scale, eps, power), compute_dtype, wide, kernels)
+
+
+def normalised_by(x: torch.Tensor, divisor: torch.Tensor, compute_dtype: torch.dtype, wide: torch.dtype,
+                  kernels: Kernels) -> torch.Tensor:
+    """x / divisor (x in `wide`), rounded to `compute_dtype`."""
     if compute_dtype == wide:
         return x / divisor
     # one pass: the quotient is formed in `wide` and rounded to `compute_dtype` as it is written (the bits

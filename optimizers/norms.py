@@ -24,6 +24,9 @@ import math
 
 import torch
 
+from optimizers import elementwise
+from optimizers.kernels import TORCH, Kernels
+
 CASCADE_FROM = 1 << 16
 """Elements per norm from which the CPU norm is a cascade sum (torch's kernel is ~12 u off there, and grows)."""
 
@@ -69,16 +72,26 @@ def downscale(x: torch.Tensor, dims: tuple[int, ...], limit: float) -> torch.Ten
     return scale_of(torch.linalg.vector_norm(x, math.inf, dim=dims, keepdim=True), limit)
 
 
-def scaled_and_cast(x: torch.Tensor, dims: tuple[int, ...], limit: float, dtype: torch.dtype
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def scaled_and_cast(x: torch.Tensor, dims: tuple[int, ...], limit: float, dtype: torch.dtype,
+                    kernels: Kernels = TORCH) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x scale in `dtype`, its Frobenius norm over `dims` (kept), scale): scale the power of two of
-    `downscale(x, dims, limit)`, 1 where every |entry| is within `limit`.
+    `downscale(x, dims, limit)`, 1 where every |entry| is within `limit`; the cast x scale has x's strides.
 
-    On CPU, where reading a value costs no device synchronisation, the cast and its norm come first: a
+    Where `kernels` allow (optimizers/kernels.py; a stack [B, m, n] over its last two dims, the dtypes and
+    layouts of elementwise.scaled_and_cast), the cast and the scales come from two Triton launches, the bits
+    of the torch form below: one pass casts x and takes each matrix's largest |entry|, the second forms the
+    scales and rewrites only the matrices whose scale is not 1; then the norm of the cast.
+    Else, on CPU, where reading a value costs no device synchronisation, the cast and its norm come first: a
     finite norm within limit / 2 bounds every |entry| of the matrix below `limit` (the halving covers the
     cast's and the norm's rounding), so its scale is 1 and the cast and norm are already the results, bit
-    for bit; only a stack holding a matrix beyond it (or a non-finite one) takes the largest-entry pass.
-    Elsewhere that pass always runs (no synchronisation, CUDA graphs)."""
+    for bit; only a stack holding a matrix beyond it (or a non-finite one) takes the torch form.
+    Elsewhere the torch form runs: `downscale`, then x times its scale, cast as it is written (no host
+    synchronisation: CUDA graphs capture either form)."""
+    stack = x.ndim == 3 and sorted(d % 3 for d in dims) == [1, 2]
+    fused = elementwise.scaled_and_cast(x, limit, dtype, kernels) if stack else None
+    if fused is not None:
+        cast, scale = fused
+        return cast, frobenius(cast, dims, keepdim=True), scale
     if x.device.type == "cpu":
         cast = x.to(dtype)
         norm = frobenius(cast, dims, keepdim=True)

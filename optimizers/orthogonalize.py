@@ -38,7 +38,7 @@ def polynomial(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype
         x = x.mT
     factor = normaliser_scale(name)
     limit = entry_limit(x.size(-2) * x.size(-1), compute_dtype, factor)
-    x, norm, scale = scaled_and_cast(x, (-2, -1), limit, compute_dtype)
+    x, norm, scale = scaled_and_cast(x, (-2, -1), limit, compute_dtype, kernels)
     x = gram.standard_steps(x / denominator(norm, factor, eps, scale), schedule(name, steps), kernels)
     return x.mT if tall else x
 

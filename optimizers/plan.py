@@ -366,11 +366,24 @@ def rehearse(plans: list[GroupPlan], state: dict[torch.Tensor, Any],
         megabatches = tuple(replace(b, params=tuple(stand_in[q] for q in b.params)) for b in batches)
         params = tuple(q for b in megabatches for q in b.params)
         shadows.append(replace(p, group={**p.group, "params": list(params)}, params=params, megabatches=megabatches))
-    shadow_state = {stand_in[q]: {k: _meta(v) if isinstance(v, torch.Tensor) else v for k, v in state[q].items()}
-                    for q in stand_in}
+    blocks: dict[int, torch.Tensor] = {}
+    shadow_state = {stand_in[q]: {k: _meta_row(v, blocks) if isinstance(v, torch.Tensor) else v
+                                  for k, v in state[q].items()} for q in stand_in}
     with launches.recording(device) as noted, counters.counting(None):
         execute(shadows, shadow_state)
     return noted
+
+
+def _meta_row(t: torch.Tensor, blocks: dict[int, torch.Tensor]) -> torch.Tensor:
+    """`_meta(t)`, but a row of a contiguous block (a buffer `momentum_block` made) is the same row of one meta
+    block standing in for it (`blocks`, by the real block's id), so that the stand-in rows of a megabatch are a
+    block too (`stacked_block`) and the rehearsal takes the block's paths (the momentum launch's norms), as the
+    step does."""
+    base = t._base
+    if base is None or isinstance(t, DTensor) or not base.is_contiguous():
+        return _meta(t)
+    block = blocks.setdefault(id(base), torch.empty_like(base, device="meta"))
+    return block.as_strided(t.shape, t.stride(), t.storage_offset() - base.storage_offset())
 
 
 def _meta(t: torch.Tensor) -> torch.Tensor:
@@ -460,7 +473,8 @@ def direct_dtype(route: Paths, group: dict[str, Any], member: torch.Tensor, fuse
             or (not fused and member.numel() < DIRECT_APPLY_NUMEL)):
         return None
     rows, cols = route.view.dims(tuple(member.shape))
-    return route.orthogonalize.direct(group, member.device, rows, cols, fused)
+    # launches.device_of: in a rehearsal, the device a meta tensor stands in for decides the default compute dtype
+    return route.orthogonalize.direct(group, launches.device_of(member), rows, cols, fused)
 
 
 def cache_key(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, Any]) -> tuple[tuple, list]:

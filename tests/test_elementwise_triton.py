@@ -190,6 +190,28 @@ def test_divide_rounds_as_torch_div_into_a_half_type(fused, dtype, layout):
     assert fused["divide"] == 1 and got.stride() == want.stride() and torch.equal(got, want)
 
 
+@pytest.mark.parametrize("factor_dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_divide_with_factors_gives_the_bits_of_the_scaling_mul_then_the_division(fused, factor_dtype, layout):
+    """Gram Newton-Schulz's normaliser by known norms: (X f) / d, f the power of two that keeps the norm in range
+    (1, 2^-100, and 2^-140 where the products fall into fp32's subnormals; NaN for an infinite norm), in one
+    launch: the bits of torch.mul(X, f, out=fp32) then torch.div(., d, out=fp16) (fp16: the interpreter declines
+    bf16)."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(4, 20, 7, generator=g) * 300).to(DEVICE)
+    x[1] *= 2.0 ** 100
+    x = x.mT if layout == "columns" else x.transpose(-2, -1).contiguous()
+    d = (torch.rand(4, 1, 1, generator=g) * 5 + 0.1).to(DEVICE)
+    f = torch.tensor([1.0, 2.0 ** -100, 2.0 ** -140, float("nan")], dtype=torch.float64).view(4, 1, 1)
+    f = f.to(factor_dtype).to(DEVICE)
+    got = elementwise.divide(x, d, torch.float16, ANY_SIZE, f)
+    scaled = torch.mul(x, f, out=torch.empty_like(x))
+    want = torch.div(scaled, d, out=torch.empty_like(x, dtype=torch.float16))
+    assert fused["divide"] == 1 and got.stride() == want.stride()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
+    assert elementwise.divide(x, d, torch.float16, ANY_SIZE, f.half()) is None  # a factor dtype it does not take
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="real layer sizes: CUDA")
 @pytest.mark.parametrize("orthogonalizer", ["polar_express", "gram_newton_schulz"])
 def test_real_layer_sizes_on_cuda(orthogonalizer, fused, gram_norms):
