@@ -8,7 +8,8 @@ capturable megabatches are captured together, once, into one CUDA graph whose up
 step, and the GPU runs the megabatches' small kernels side by side. Each megabatch reads a fixed input
 buffer (its stacked directions are written into it before the replay; or, when the directions are the
 rows of one momentum block (optimizers/plan.py's momentum_block, Muon without Nesterov), the block
-itself, read where it lies) and writes a fixed output buffer (read by the step's apply before the next
+itself, read where it lies, with the norms the momentum launch formed of it in a buffer of its own,
+refreshed before the replay, as the eager step divides by them) and writes a fixed output buffer (read by the step's apply before the next
 replay, which comes only in the next step, on the same stream).
 
 Captured: a megabatch in one process (no exchange) on CUDA of a group with cuda_graphs=True whose matrix
@@ -98,13 +99,19 @@ def lanes(sizes: list[int], count: int) -> list[int]:
 @dataclass
 class Member:
     """One megabatch of the plan's graph: `update` reads `input` (its own buffer, or with `static` the live
-    momentum block) and writes `output`; `checks` holds its Gram divergence flags of the last run."""
+    momentum block) and, where given, the matrices' norms in its own buffer `norms` (written before each
+    replay), and writes `output`; `checks` holds its Gram divergence flags of the last run."""
 
     update: Update
     input: torch.Tensor
     static: bool
+    norms: torch.Tensor | None = None
     output: torch.Tensor | None = None
     checks: gram.DeferredChecks | None = None
+
+    def run(self) -> torch.Tensor:
+        """The update of its input (with its norms buffer, where it has one)."""
+        return self.update(self.input) if self.norms is None else self.update(self.input, norms=self.norms)
 
 
 class PlanGraphs:
@@ -124,26 +131,33 @@ class PlanGraphs:
         self._waiting: dict[Key, Member] = {}
 
     def submit(self, key: Key, update: Update, directions: list[torch.Tensor],
-               eligible: Callable[[torch.Tensor], bool]) -> torch.Tensor | None:
-        """The megabatch's update of `directions` now (eager), or None: it waits for `flush`."""
+               eligible: Callable[[torch.Tensor], bool], norms: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The megabatch's update of `directions` now (eager), or None: it waits for `flush`. `norms`: the
+        directions' norms, which the update takes where the directions are the rows of one block (the momentum
+        buffers the norms are of: optimizers/plan.py `takes_norms`), as the eager step does."""
         member = self.members.get(key, False)
         block = stacked_block(directions)
         if block is not None and not eligible(block):  # an uncapturable block: a fresh stack, run eagerly below
             block = None
+        given = None if block is None else norms
         if member:
-            if member.static and block is not member.input:  # not the captured block: eager
-                return update(torch.stack(directions))
+            if (member.static and block is not member.input) or (member.norms is None) != (given is None):  # eager:
+                return Member(update, torch.stack(directions) if block is None else block, False, given).run()
             if not member.static:
                 torch.stack(directions, out=member.input)
+            if given is not None:
+                member.norms.copy_(given)
             self._waiting[key] = member
             return None
         stack = torch.stack(directions) if block is None else block
+        eager = Member(update, stack, static=block is not None, norms=given)
         if member is None or not self.armed or self.graph is not None:
-            return update(stack)
+            return eager.run()
         if not eligible(stack):
             self.members[key] = None
-            return update(stack)
-        self._waiting[key] = Member(update, stack, static=block is not None)  # a fresh stack is its own buffer
+            return eager.run()
+        # a fresh stack is its own buffer; the norms get one
+        self._waiting[key] = Member(update, stack, eager.static, None if given is None else given.clone())
         return None
 
     def flush(self) -> dict[Key, torch.Tensor]:
@@ -158,7 +172,7 @@ class PlanGraphs:
             except Exception as exc:  # noqa: BLE001 - an uncapturable plan stays eager; the step goes on
                 self.members.update(dict.fromkeys(waiting))
                 self.failures.append(f"megabatches {sorted(waiting)}: {type(exc).__name__}: {exc}")
-                return {key: m.update(m.input) for key, m in waiting.items()}
+                return {key: m.run() for key, m in waiting.items()}
             self.members.update(waiting)
         self._replay()
         self.replays += 1
@@ -172,7 +186,7 @@ class PlanGraphs:
         stats = counters.current()
         for (key, m), diverged in zip(waiting.items(), gram.read_flags([m.checks for m in waiting.values()])):
             if diverged:
-                out[key] = m.update(m.input)
+                out[key] = m.run()
             elif stats is not None:
                 stats.gram += m.checks.matrices
         return out
@@ -201,7 +215,7 @@ def _forked(members: list[Member], lane: list[int], side: list[torch.cuda.Stream
         stream.wait_stream(origin)
     for member, index in zip(members, lane):
         with torch.cuda.stream(side[index]), gram.deferred_checks() as checks:
-            member.output = member.update(member.input)
+            member.output = member.run()
         member.checks = checks
     for stream in side:
         origin.wait_stream(stream)

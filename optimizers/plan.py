@@ -225,8 +225,11 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             if batch.layout is not None:
                 finish(algorithm.exchange(torch.stack(members), batch.layout, update))
                 continue
+            given = None  # the members' norms from the momentum launch, where they are its buffers (takes_norms)
+            if direct is not None and parts is not None and takes_norms(route, group, batch.shape):
+                given = elementwise.norms(parts[starts[number]:starts[number + 1]])
             if graphs is not None and route.graphs:
-                result = graphs.submit(key, update, members, capturable)
+                result = graphs.submit(key, update, members, capturable, given)
                 if result is None:  # from the graph's replay
                     waiting.append((key, finish))
                 else:
@@ -234,9 +237,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 continue
             block = stacked_block(members) if route.reads_only else None
             stack = torch.stack(members) if block is None else block
-            if (direct is not None and block is not None and parts is not None
-                    and takes_norms(route, group, batch.shape)):
-                update = functools.partial(update, norms=elementwise.norms(parts[starts[number]:starts[number + 1]]))
+            if given is not None and block is not None:
+                update = functools.partial(update, norms=given)
             with deferred_checks() as checks:
                 result = update(stack)
             previous = pending

@@ -69,7 +69,7 @@ def fake_capture(self, members):
     CAPTURES.extend(tuple(m.input.shape) for m in members)
     for m in members:
         with gram.deferred_checks() as m.checks:
-            m.output = m.update(m.input)
+            m.output = m.run()
     self.graph = "captured"
 
 
@@ -77,7 +77,7 @@ def fake_replay(self):
     for m in self.members.values():
         if m is not None:
             with gram.deferred_checks() as m.checks:
-                m.output.copy_(m.update(m.input))
+                m.output.copy_(m.run())
 
 
 @pytest.fixture
@@ -103,6 +103,30 @@ def test_a_plan_runs_eagerly_then_captures_then_replays_with_the_eager_results(f
     assert CAPTURES == [(2, 6, 10), (1, 10, 6), (1, 4, 3, 2, 2)]
     plan_graphs = with_graphs._cached.graphs
     assert plan_graphs.replays == 3 and None not in plan_graphs.members.values() and len(plan_graphs.members) == 3
+
+
+def test_a_block_megabatch_takes_its_norms_eagerly_and_from_its_buffer_in_the_graph(fake_cuda):
+    """The norms the momentum launch formed reach the update of a megabatch whose directions are the rows of one
+    block (the buffers they are the norms of): eagerly, at the capture, and at each replay from the member's own
+    buffer, refreshed before it; a stack of other tensors takes none (they are not its norms)."""
+    seen = []
+
+    def update(stack, norms=None):
+        seen.append(None if norms is None else norms.tolist())
+        return stack * 2.0
+    block = torch.randn(2, 3, 4)
+    rows, loose = list(block.unbind(0)), [torch.randn(3, 4) for _ in range(2)]
+    plan_graphs = graphs.PlanGraphs()
+    norms = torch.tensor([1.0, 2.0])
+    assert torch.equal(plan_graphs.submit((0, 0), update, rows, lambda s: True, norms), block * 2.0)  # eager
+    plan_graphs.armed = True
+    for step in (2, 3):  # captured, then replayed
+        assert plan_graphs.submit((0, 0), update, rows, lambda s: True, norms * step) is None
+        assert plan_graphs.submit((0, 1), update, loose, lambda s: True, norms) is None
+        out = plan_graphs.flush()
+        assert torch.equal(out[(0, 0)], block * 2.0) and torch.equal(out[(0, 1)], torch.stack(loose) * 2.0)
+    # eager; the capture, then its first replay; the next replay
+    assert seen == [[1.0, 2.0], [2.0, 4.0], None, [2.0, 4.0], None, [3.0, 6.0], None]
 
 
 def test_a_new_plan_starts_without_graphs(fake_cuda):
