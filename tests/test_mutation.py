@@ -103,7 +103,7 @@ def test_a_stale_entry_is_found(tmp_path):
 
 
 def fake_reach() -> Reach:
-    lines = {"optimizers/x.py": {3: (["c-slow", "c-fast", "c-bad"], ["t1"]), 4: ([], ["t2", "t1"])},
+    lines = {"optimizers/x.py": {3: (["c-slow", "c-fast", "c-bad"], ["t1"]), 4: ([], ["t2", "t1"]), 1: ([], [])},
              "oracles/y.py": {}}
     return Reach("k", {"c-slow": 2.0, "c-fast": 0.1, "c-bad": 0.01}, {"t1": 1.0, "t2": 0.5}, lines,
                  ["muon/a/ws2", "normuon/b/ws2", "dion2-f0.5/c/ws2", "normuon/d/ws4"], ["c-bad"])
@@ -116,6 +116,15 @@ def test_judges_are_what_reaches_the_line_cheapest_first():
     assert selection.plan(reach, "optimizers/x.py", 3, reach.gloo_cases, 1, 4, 0) == selection.Plan(["c-fast"])
     assert selection.plan(reach, "optimizers/x.py", 4, reach.gloo_cases, 40, 4, 40) == selection.Plan(
         [], [], ["t2", "t1"])
+
+
+def test_a_line_run_at_import_is_judged_by_everything_that_reaches_its_module():
+    """Line 1 ran when the module was imported, under no case or test (a default, a constant): every case of
+    the module judges it, past max_cases, and its cheapest tests; an unexecuted line (9) does not get them."""
+    reach = fake_reach()
+    assert selection.plan(reach, "optimizers/x.py", 1, reach.gloo_cases, 1, 4, 1) == selection.Plan(
+        ["c-fast", "c-slow"], [], ["t2"])
+    assert selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 1, 4, 1).cases == []
 
 
 def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():

@@ -6,7 +6,10 @@
   paths): the gloo cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code),
   spread over the tier, at most `max_gloo`;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
-  most `max_tests` (the checkpoint checks are such tests).
+  most `max_tests` (the checkpoint checks are such tests);
+- code that runs when the module is imported (its constants, default tables and declarations: the map sees it
+  run under no case or test): every case that executes any line of the module, cheapest first, and its
+  cheapest `max_tests` tests. A changed default reaches whatever builds the optimizer (the defaults cases do).
 
 A line nothing executes gets no judge at all, and its mutants survive as unreached.
 """
@@ -58,8 +61,15 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
          max_tests: int) -> Plan:
     """The judges of a mutant of `module` at `line` (see the module docstring); `gloo_cases` are the
     distributed case ids of the CI tier, in tier order."""
-    cases = sorted(reach.cases(module, line), key=lambda c: (reach.case_seconds[c], c))[:max_cases]
-    tests = sorted(reach.tests(module, line), key=lambda t: (reach.test_seconds[t], t))[:max_tests]
+    cases, tests = reach.cases(module, line), reach.tests(module, line)
+    case_limit = max_cases
+    if not cases and not tests and line in reach.lines.get(module, {}):  # run at import, under no judge
+        every = [n for n in reach.lines[module] if n != line]
+        cases = sorted({c for n in every for c in reach.cases(module, n)})
+        tests = sorted({t for n in every for t in reach.tests(module, n)})
+        case_limit = len(cases)
+    cases = sorted(cases, key=lambda c: (reach.case_seconds[c], c))[:case_limit]
+    tests = sorted(tests, key=lambda t: (reach.test_seconds[t], t))[:max_tests]
     gloo: list[str] = []
     if not cases and not tests and module.startswith("optimizers/"):
         wanted = ALGORITHMS.get(module)
