@@ -1,6 +1,7 @@
 """NorMuon: per-output-channel variance under flatten, the FP64 oracle, controls, checkpoints."""
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -52,6 +53,16 @@ def test_flattened_conv_equals_the_equivalent_matrix_over_several_steps():
     for c, m in zip(conv, mats):
         assert torch.equal(c.detach().reshape(8, 36), m.detach())
         assert torch.equal(opt_c.state[c]["variance"].reshape(8, 1), opt_m.state[m]["variance"])
+
+
+@pytest.mark.parametrize("option, value", [("beta2", -0.5), ("beta2", 1.0), ("beta2", math.nan),
+                                           ("variance_eps", -1e-3), ("variance_eps", math.inf)])
+def test_variance_options_outside_their_range_are_refused_at_construction(option, value):
+    """beta2 in [0, 1), variance_eps finite and >= 0: anything else is a ValueError naming the option (the lower
+    bounds' mutants survived every case, which never passes a bad value)."""
+    p = torch.nn.Parameter(torch.randn(4, 6))
+    with pytest.raises(ValueError, match=option):
+        NorMuon([p], **{option: value})
 
 
 def test_oracle_normalises_rows_and_restores_the_norm():
