@@ -21,6 +21,7 @@ subnormal range (far below the rounding of the norm).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -40,10 +41,23 @@ def frobenius(x: torch.Tensor, dim: int | tuple[int, ...], keepdim: bool = False
     return wide.square().sum(dim=dim, keepdim=keepdim).sqrt().to(x.dtype)
 
 
+def largest_power_of_two(holds: Callable[[float], bool], estimate: float) -> float:
+    """The largest power of two p with holds(p), for a `holds` true up to some bound and false beyond it, found
+    from `estimate` (a float near that bound) by exact comparisons: math.log2 and math.sqrt round, and at the
+    top of fp64's range their rounding put an estimate's power of two past the bound."""
+    p = 2.0 ** math.floor(math.log2(estimate))
+    while not holds(p):
+        p /= 2
+    while holds(2 * p):
+        p *= 2
+    return p
+
+
 def norm_limit(dtype: torch.dtype, factor: float) -> float:
     """The largest power of two L with factor * L at most a quarter of `dtype`'s largest value: a norm up to
     L gives a normaliser denominator factor ||X|| + eps that does not overflow."""
-    return 2.0 ** math.floor(math.log2(torch.finfo(dtype).max / 4 / factor))
+    quarter = torch.finfo(dtype).max / 4
+    return largest_power_of_two(lambda p: factor * p <= quarter, quarter / factor)
 
 
 def entry_limit(count: int, dtype: torch.dtype, factor: float) -> float:
@@ -51,10 +65,14 @@ def entry_limit(count: int, dtype: torch.dtype, factor: float) -> float:
     overflows its normaliser: its norm stays within `norm_limit` and its sum of squares (summed in at least
     fp32, as `frobenius` and torch's half types sum) within a quarter of that sum's largest value (the
     quarters leave room for the sums' rounding)."""
-    summed = torch.finfo(torch.promote_types(dtype, torch.float32)).max
+    quarter = torch.finfo(torch.promote_types(dtype, torch.float32)).max / 4
     count = max(count, 1)
-    bound = min(norm_limit(dtype, factor) / math.sqrt(count), math.sqrt(summed / 4 / count))
-    return 2.0 ** math.floor(math.log2(bound))
+    norm = norm_limit(dtype, factor)
+
+    def holds(p: float) -> bool:  # p sqrt(count) <= norm, as count <= (norm / p)^2 in integers (exact)
+        apart = math.frexp(norm)[1] - math.frexp(p)[1]
+        return apart >= 0 and count <= 4 ** apart and count * p * p <= quarter
+    return largest_power_of_two(holds, min(norm / math.sqrt(count), math.sqrt(quarter / count)))
 
 
 def scale_of(top: torch.Tensor, limit: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from optimizers import norms
-from optimizers.norms import denominator, downscale, entry_limit, frobenius
+from optimizers.norms import denominator, downscale, entry_limit, frobenius, norm_limit
 from optimizers.orthogonalize import orthogonalize
 
 
@@ -79,6 +79,10 @@ def test_the_cpu_shortcut_gives_the_scaled_paths_bits_and_skips_its_pass_only_wh
     monkeypatch.setattr(norms, "downscale", lambda *a: passes.append(1) or downscale(*a))
     for name, edit, scaled in [("plain", lambda x: x, False),
                                ("at half the limit", lambda x: x / x.norm() * limit / 4, False),
+                               # the pass runs (nothing is scaled: every entry within the limit, the norm past
+                               # half of it); a shortcut that took it would be unproven there
+                               ("past half the limit",
+                                lambda x: x / x.norm(dim=(-2, -1), keepdim=True) * limit * 0.75, True),
                                ("one huge", lambda x: torch.cat([x[:3], x[3:] * limit]), True),
                                ("a NaN", lambda x: torch.cat([x[:3], x[3:] * math.nan]), True),
                                ("an inf", lambda x: torch.cat([x[:3], x[3:] * math.inf]), True)]:
@@ -90,3 +94,23 @@ def test_the_cpu_shortcut_gives_the_scaled_paths_bits_and_skips_its_pass_only_wh
         quotient = [c / denominator(n, 1.0, 1e-7, s) for c, n, s in (got, want)]
         assert torch.equal(quotient[0].nan_to_num(7.0), quotient[1].nan_to_num(7.0)), name
         assert got[0].dtype == dtype and got[0].stride() == want[0].stride(), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("factor", [1.0, 1.01, 3.0])
+def test_the_limits_are_the_largest_powers_of_two_their_contracts_allow(dtype, factor):
+    """norm_limit: the largest power of two L with factor L within a quarter of the format's largest value;
+    entry_limit: the largest power of two E such that `count` entries of E keep the norm within L and the sum of
+    squares (in at least fp32) within a quarter of its format's largest value. Pinned from both sides (E holds,
+    2E does not), so that a limit moved either way fails here: the quotient itself is the same bits under any
+    power-of-two scale, so no case can see a limit that is too small, and only inputs at the format's edge one
+    that is too large."""
+    top = torch.finfo(dtype).max
+    summed = torch.finfo(torch.promote_types(dtype, torch.float32)).max
+    limit = norm_limit(dtype, factor)
+    assert limit == 2.0 ** math.floor(math.log2(limit)) and factor * limit <= top / 4 < factor * 2 * limit
+    for count in (1, 240, 36_864, 1 << 22):
+        def holds(e: float) -> bool:
+            return e * math.sqrt(count) <= limit and count * e * e <= summed / 4
+        e = entry_limit(count, dtype, factor)
+        assert e == 2.0 ** math.floor(math.log2(e)) and holds(e) and not holds(2 * e), (count, e)
