@@ -16,7 +16,7 @@ pytest.importorskip("cosmic_ray", reason="the mutation extra: pip install -e '.[
 
 from benchmarks.mutation import equivalent, judge, selection, table, workers  # noqa: E402
 from benchmarks.mutation.__main__ import main  # noqa: E402
-from benchmarks.mutation.mutants import changed_lines, mutants  # noqa: E402
+from benchmarks.mutation.mutants import annotation_only, changed_lines, mutants  # noqa: E402
 from benchmarks.mutation.reach import Reach  # noqa: E402
 from benchmarks.mutation.session import Verdict  # noqa: E402
 
@@ -224,3 +224,21 @@ def test_a_judge_past_its_deadline_is_killed_with_its_group(tmp_path):
     start = time.monotonic()
     assert workers.reap([child], poll=0.05)[1] == "timeout"
     assert time.monotonic() - start < 10
+
+
+POSTPONED = ("from __future__ import annotations\n\n"
+             "def f(x: int | None, y: float = 1.0) -> int | str:\n    z: int | None = x\n    return x\n")
+
+
+def test_a_mutant_of_postponed_annotations_alone_is_left_out():
+    """Under `from __future__ import annotations` nothing evaluates an annotation: mutating one changes no input's
+    result. Controls: the same edit where annotations are evaluated, an edit of code, and a default value."""
+    def edited(text: str) -> str:
+        return text.replace("int | None, y", "int + None, y").replace("-> int | str", "-> int & str")
+    assert annotation_only(POSTPONED, edited(POSTPONED))
+    assert annotation_only(POSTPONED, POSTPONED.replace("z: int | None", "z: int ^ None"))
+    evaluated = POSTPONED.replace("from __future__ import annotations\n", "")
+    assert not annotation_only(evaluated, edited(evaluated))
+    assert not annotation_only(POSTPONED, POSTPONED.replace("return x", "return -x"))
+    assert not annotation_only(POSTPONED, POSTPONED.replace("y: float = 1.0", "y: float = 2.0"))
+    assert not annotation_only(POSTPONED, POSTPONED.replace("= x\n", "= +\n"))  # invalid code fails at import

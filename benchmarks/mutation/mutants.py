@@ -8,6 +8,7 @@ keeps naming the same mutants after unrelated changes.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 from dataclasses import dataclass
@@ -71,9 +72,45 @@ def changed_lines(original: str, mutated: str) -> tuple[int, str, str]:
     raise ValueError("the mutation changed nothing")
 
 
+class _Unannotated(ast.NodeTransformer):
+    """A syntax tree without its annotations (arguments', returns', annotated assignments')."""
+
+    def visit_arg(self, node: ast.arg) -> ast.arg:
+        node.annotation = None
+        return node
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        node.returns = None
+        return self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AnnAssign:
+        node.annotation = ast.Constant(None)
+        return self.generic_visit(node)
+
+
+def _code(source: str) -> str:
+    return ast.dump(_Unannotated().visit(ast.parse(source)))
+
+
+def annotation_only(original: str, mutated: str) -> bool:
+    """True when `mutated` differs from `original` only in annotations and the module postpones them (`from
+    __future__ import annotations`: they are strings nothing evaluates), so no input can tell them apart."""
+    postponed = any(isinstance(node, ast.ImportFrom) and node.module == "__future__"
+                    and any(a.name == "annotations" for a in node.names) for node in ast.parse(original).body)
+    if not postponed:
+        return False
+    try:
+        return _code(original) == _code(mutated)
+    except SyntaxError:  # cosmic-ray can write invalid code (`**mapping` to `+mapping`): it fails at import
+        return False
+
+
 def mutants(module: str, root: Path) -> list[Mutant]:
     """Every mutant of `module` (a path relative to `root`), in operator then occurrence order; a
-    mutation whose code equals the original (cosmic-ray can produce such) is left out."""
+    mutation whose code equals the original (cosmic-ray can produce such), or that changes only postponed
+    annotations (`annotation_only`), is left out."""
     original = (root / module).read_text()
     tree = get_ast(original)
     out = []
@@ -82,7 +119,7 @@ def mutants(module: str, root: Path) -> list[Mutant]:
         count = sum(1 for node in ast_nodes(tree) for _ in operator.mutation_positions(node))
         for occurrence in range(count):
             mutated = mutate_code(original, operator, occurrence)
-            if mutated is None or mutated == original:
+            if mutated is None or mutated == original or annotation_only(original, mutated):
                 continue
             line, before, after = changed_lines(original, mutated)
             out.append(Mutant(module, name, occurrence, line, before, after))
