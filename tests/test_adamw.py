@@ -1,0 +1,52 @@
+"""AdamW, the elementwise fallback, judged by the harness at betas below one half: every tier case has betas of
+0.9 and more, where `1 - beta` and `1 % beta` are the same float (fmod is exact there), so a bias correction or
+moment weight written with the wrong operator survived every case (the mutation run, issue 31)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import optimizers
+from cases import Case
+from harness.runner import run_case
+from harness.targets import load_target
+from harness.targets.ours import OursMuon
+
+
+@pytest.mark.parametrize("layer, dtype, decay", [("bias", "fp64", 0.0), ("embedding", "fp32", 0.1)])
+def test_adamw_at_small_betas_matches_its_reference(layer, dtype, decay):
+    case = Case(layer=layer, megabatch=2, flatten=False, param_dtype=dtype, compute_dtype=dtype, orthogonalizer="none",
+                adjust_lr="none", nesterov=False, weight_decay=decay, steps=3, grad="gaussian", optimizer="adamw",
+                momentum=0.3, beta2=0.4)
+    assert case.id.startswith("adamw-b0.4/") and "plain_mu0.3" in case.id
+    records = run_case(case, load_target("ours"), "ours")
+    assert {r.check for r in records} >= {"reference", "megabatch"}
+    assert all(r.status == "pass" for r in records), [(r.check, r.status, r.message) for r in records]
+
+
+class WrongWeight(OursMuon):
+    """Ours, with AdamW's first-moment weight written 1 % beta1 (the same float as 1 - beta1 at 0.9)."""
+
+    name = "adamw-wrong-weight"
+
+    def options(self, case: Case) -> dict:
+        def moments(grad, state, group):
+            beta1, beta2 = group["betas"]
+            state["step"] += 1
+            state["exp_avg"].lerp_(grad, 1.0 % beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            return state["exp_avg"]
+        return dict(super().options(case), algorithm=dataclasses.replace(optimizers.ADAMW, direction=moments))
+
+
+@pytest.mark.parametrize("beta1, failing", [(0.3, True), (0.9, False)])
+def test_a_moment_weight_written_with_the_wrong_operator_fails_only_at_small_betas(beta1, failing):
+    """Negative control: the wrong weight fails the reference at beta1 0.3 and passes at 0.9 (why no tier case saw
+    it)."""
+    case = Case(layer="bias", megabatch=1, flatten=False, param_dtype="fp64", compute_dtype="fp64",
+                orthogonalizer="none", adjust_lr="none", nesterov=False, weight_decay=0.0, steps=3, grad="gaussian",
+                optimizer="adamw", momentum=beta1, beta2=0.4)
+    got = {r.check: r.status for r in run_case(case, WrongWeight(), "adamw-wrong-weight")}
+    assert (got["reference"] == "fail") == failing, got
