@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 import optimizers
 from cases import Case
@@ -50,3 +51,12 @@ def test_a_moment_weight_written_with_the_wrong_operator_fails_only_at_small_bet
                 optimizer="adamw", momentum=beta1, beta2=0.4)
     got = {r.check: r.status for r in run_case(case, WrongWeight(), "adamw-wrong-weight")}
     assert (got["reference"] == "fail") == failing, got
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.95, 0.99), (0.9,), (1.0, 0.95), (0.9, 1.0), (-0.1, 0.95), 0.9])
+def test_betas_that_are_not_a_pair_in_the_unit_interval_are_refused(betas):
+    """A pair, each in [0, 1): a third beta, a beta of 1 (no averaging: the bias correction divides by zero) or a
+    negative one is a ValueError naming betas, before anything steps."""
+    p = torch.nn.Parameter(torch.randn(16))
+    with pytest.raises(ValueError, match="betas"):
+        optimizers.Muon([p], algorithm="adamw", betas=betas)
