@@ -127,6 +127,15 @@ def test_a_line_run_at_import_is_judged_by_everything_that_reaches_its_module():
     assert selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 1, 4, 1).cases == []
 
 
+def test_the_modules_own_tests_judge_first_however_slow():
+    """tests/test_x.py's tests of a line come before cheaper tests of other files; within each, cheapest first."""
+    reach = fake_reach()
+    reach.lines["optimizers/x.py"][5] = ([], ["tests/test_other.py::a", "tests/test_x.py::slow", "tests/test_x.py::b"])
+    reach.test_seconds.update({"tests/test_other.py::a": 0.1, "tests/test_x.py::slow": 9.0, "tests/test_x.py::b": 1.0})
+    assert selection.plan(reach, "optimizers/x.py", 5, reach.gloo_cases, 40, 4, 2).tests == [
+        "tests/test_x.py::b", "tests/test_x.py::slow"]
+
+
 def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     reach = fake_reach()
     p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 40)

@@ -6,7 +6,9 @@
   paths): the gloo cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code),
   spread over the tier, at most `max_gloo`;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
-  most `max_tests` (the checkpoint checks are such tests);
+  most `max_tests` (the checkpoint checks are such tests), the module's own test file's among them first
+  (tests/test_<module>.py: the cheapest tests of a line every step runs are other modules' tests, and the
+  expensive one written for it, such as a large matrix's norm, would never be chosen);
 - code that runs when the module is imported (its constants, default tables and declarations: the map sees it
   run under no case or test): every case that executes any line of the module, cheapest first, and its
   cheapest `max_tests` tests. A changed default reaches whatever builds the optimizer (the defaults cases do).
@@ -69,7 +71,9 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
         tests = sorted({t for n in every for t in reach.tests(module, n)})
         case_limit = len(cases)
     cases = sorted(cases, key=lambda c: (reach.case_seconds[c], c))[:case_limit]
-    tests = sorted(tests, key=lambda t: (reach.test_seconds[t], t))[:max_tests]
+    own = f"tests/test_{module.rsplit('/', 1)[-1].removesuffix('.py')}"
+    tests = sorted(tests, key=lambda t: (not t.startswith((own + ".py::", own + "_")), reach.test_seconds[t], t))
+    tests = tests[:max_tests]
     gloo: list[str] = []
     if not cases and not tests and module.startswith("optimizers/"):
         wanted = ALGORITHMS.get(module)
