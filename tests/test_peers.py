@@ -15,6 +15,7 @@ import pytest
 from cases import Case
 from harness.judging.checks import reference
 from harness.runner import run_case
+from harness.running.selection import target_tier
 from harness.running.inputs import make_inputs
 from harness.targets import ALIASES, load_target
 from harness.targets.peers import PeerTarget
@@ -129,6 +130,20 @@ def test_deepspeed_conv_kernel_is_an_error_and_a_matrix_passes():
     assert set(statuses(conv, "deepspeed-standard").values()) == {"unsupported"}
     standard = "muon/conv2d-8x4x3x3/mb1/flat/fp32@bf16/ns/spectral_norm/nesterov/wd0/steps1/lowrank/seed0"
     assert set(statuses(standard, "deepspeed-standard").values()) == {"error"}
+
+
+@needs("dion")
+@needs("deepspeed-gram")
+def test_peers_built_from_their_defaults_step_as_those_defaults_say():
+    """dion's Muon and NorMuon (weight decay 0.01, Polar Express in bf16) and DeepSpeed's SingleDeviceMuon (the
+    gram method, Nesterov) built from the lr alone: their declared defaults hold (robust checks where dion's bf16
+    reference is ill-posed); deepspeed-standard is not its default method and declares none."""
+    for name, count in (("dion", 4), ("deepspeed-gram", 1), ("deepspeed-standard", 0)):
+        rows = [c for c in target_tier("ci", load_target(name)).cases if c.construct == "defaults"]
+        assert len(rows) == count, (name, [c.id for c in rows])
+        for case in rows:
+            got = {r.check: r.status for r in run_case(case, load_target(name), name)}
+            assert "pass" in got.values() and set(got.values()) <= {"pass", "skipped"}, (case.id, got)
 
 
 @needs("gram-newton-schulz")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
+from typing import Any, Mapping
 
 import torch
 
@@ -85,8 +86,18 @@ class DeepSpeedMuon(PeerTarget):
             momentum="ema", nesterov="ema", lr_scale="spectral_norm_clamped", lr_dims="last_two",
             compute_dtype=case.compute_dtype, state_dtype=case.param_dtype)
 
+    def defaults(self, optimizer: str) -> Mapping[str, Any] | None:
+        """SingleDeviceMuon's defaults in 0.19.8 (its signature): momentum 0.95, weight decay 0, ns_method
+        "gram", so only the gram method's are its defaults."""
+        if optimizer != "muon" or self.ns_method != "gram" or self.module is None:
+            return None
+        return dict(momentum=0.95, nesterov=True, weight_decay=0.0, adjust_lr="spectral_norm",
+                    orthogonalizer=ORTHOGONALIZERS["gram"], compute_dtype=self.compute_dtype())
+
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
         assert self.module is not None
+        if case.construct == "defaults":
+            return self.module.SingleDeviceMuon(params, lr=case.lr)
         return self.module.SingleDeviceMuon(params, lr=case.lr, momentum=case.momentum,
                                             weight_decay=case.weight_decay, ns_method=self.ns_method)
 

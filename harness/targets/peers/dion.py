@@ -26,6 +26,7 @@ case axes name them.
 from __future__ import annotations
 
 import types
+from typing import Any, Mapping
 
 import torch
 
@@ -74,9 +75,19 @@ class DionTarget(PeerTarget):
                     adjust_lr=None if case.adjust_lr == "none" else case.adjust_lr, flatten=case.flatten,
                     use_polar_express=case.orthogonalizer == "polar_express", epsilon=EPSILON, **extra)
 
+    def defaults(self, optimizer: str) -> Mapping[str, Any] | None:
+        """dion's defaults at 0a059a4 (its constructors' signatures): mu 0.95, no Nesterov, weight decay 0.01,
+        the spectral-norm lr scale, no flatten, Polar Express in bf16; NorMuon's muon_beta2 0.95."""
+        if optimizer not in PEER_CLASSES:
+            return None
+        own = {"beta2": 0.95} if optimizer == "normuon" else {}
+        return dict(momentum=0.95, nesterov=False, weight_decay=0.01, adjust_lr="spectral_norm", flatten=False,
+                    orthogonalizer="polar_express", compute_dtype="bf16", **own)
+
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
         assert self.module is not None
-        return getattr(self.module, PEER_CLASSES[case.optimizer])(params, **self.options(case))
+        chosen = self.options(case) if case.construct == "explicit" else {"lr": case.lr}
+        return getattr(self.module, PEER_CLASSES[case.optimizer])(params, **chosen)
 
 
     def make_distributed(self, params: list[torch.nn.Parameter], case: Case, mesh: object) -> torch.optim.Optimizer:
