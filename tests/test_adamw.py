@@ -60,3 +60,29 @@ def test_betas_that_are_not_a_pair_in_the_unit_interval_are_refused(betas):
     p = torch.nn.Parameter(torch.randn(16))
     with pytest.raises(ValueError, match="betas"):
         optimizers.Muon([p], algorithm="adamw", betas=betas)
+
+
+def test_a_negative_adamw_eps_and_a_negative_second_moment_are_refused():
+    """adamw_eps >= 0 at construction; a checkpoint whose exp_avg_sq holds a negative value (its square root
+    would be NaN) is refused on load, the optimizer untouched."""
+    p = torch.nn.Parameter(torch.randn(16))
+    with pytest.raises(ValueError, match="adamw_eps"):
+        optimizers.Muon([p], algorithm="adamw", adamw_eps=-1e-3)
+    opt = optimizers.Muon([p], algorithm="adamw")
+    p.grad = torch.randn(16)
+    opt.step()
+    saved = opt.state_dict()
+    bad = __import__("copy").deepcopy(saved)
+    next(iter(bad["state"].values()))["exp_avg_sq"][0] = -1.0
+    with pytest.raises(ValueError, match="exp_avg_sq"):
+        opt.load_state_dict(bad)
+    assert torch.equal(next(iter(opt.state_dict()["state"].values()))["exp_avg_sq"],
+                       next(iter(saved["state"].values()))["exp_avg_sq"])
+
+
+def test_a_scalar_parameter_steps_as_adamw():
+    """AdamW takes parameters of any rank, a 0-D scalar (a learned temperature) too."""
+    p = torch.nn.Parameter(torch.tensor(0.5))
+    p.grad = torch.tensor(0.25)
+    optimizers.Muon([p], algorithm="adamw", lr=0.1).step()
+    assert p.item() != 0.5

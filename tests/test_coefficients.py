@@ -44,3 +44,11 @@ def test_a_typo_in_one_copy_shows(monkeypatch):
     broken[3] = (3.3184196573706015, -2.488488024314874, 0.5100489401237)  # dropped digit
     monkeypatch.setattr(opt, "POLAR_EXPRESS", tuple(broken))
     assert opt.schedule("polar_express", 5) != ora.polar_express_schedule(5)
+
+
+def test_a_schedule_name_built_at_run_time_selects_its_table():
+    """An option read from a config is an equal string, not the same object: `name is "newton_schulz"` (a mutant
+    that survived every case, whose names are interned literals) would give it Polar Express."""
+    built = "".join(["newton_", "schulz"])
+    assert opt.schedule(built, 3) == [opt.NEWTON_SCHULZ_QUINTIC] * 3
+    assert opt.normaliser_scale("".join(["polar_", "express"])) == opt.POLAR_EXPRESS_SAFETY
