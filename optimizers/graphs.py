@@ -9,8 +9,8 @@ step, and the GPU runs the megabatches' small kernels side by side. Each megabat
 buffer (its stacked directions are written into it before the replay; or, when the directions are the
 rows of one momentum block (optimizers/plan.py's momentum_block, Muon without Nesterov), the block
 itself, read where it lies, with the norms the momentum launch formed of it in a buffer of its own,
-refreshed before the replay, as the eager step divides by them) and writes a fixed output buffer (read by the step's apply before the next
-replay, which comes only in the next step, on the same stream).
+refreshed before the replay, as the eager step divides by them) and writes a fixed output buffer (read by
+the step's apply before the next replay, which comes only in the next step, on the same stream).
 
 Captured: a megabatch in one process (no exchange) on CUDA of a group with cuda_graphs=True whose matrix
 stages select every matrix whole and declare an orthogonalize stage that reads only its input and that a graph
@@ -141,7 +141,8 @@ class PlanGraphs:
             block = None
         given = None if block is None else norms
         if member:
-            if (member.static and block is not member.input) or (member.norms is None) != (given is None):  # eager:
+            # not as captured (another block, or norms where none were captured, or none where they were): eager
+            if (member.static and block is not member.input) or (member.norms is None) != (given is None):
                 return Member(update, torch.stack(directions) if block is None else block, False, given).run()
             if not member.static:
                 torch.stack(directions, out=member.input)

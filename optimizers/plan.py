@@ -225,8 +225,10 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             if batch.layout is not None:
                 finish(algorithm.exchange(torch.stack(members), batch.layout, update))
                 continue
-            given = None  # the members' norms from the momentum launch, where they are its buffers (takes_norms)
-            if direct is not None and parts is not None and takes_norms(route, group, batch.shape):
+            block = stacked_block(members) if route.reads_only else None
+            given = None  # the momentum launch's norms of the members, where they are its buffers (one block)
+            if (block is not None and direct is not None and parts is not None
+                    and takes_norms(route, group, batch.shape)):
                 given = elementwise.norms(parts[starts[number]:starts[number + 1]])
             if graphs is not None and route.graphs:
                 result = graphs.submit(key, update, members, capturable, given)
@@ -235,9 +237,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                 else:
                     finish(result)
                 continue
-            block = stacked_block(members) if route.reads_only else None
             stack = torch.stack(members) if block is None else block
-            if given is not None and block is not None:
+            if given is not None:
                 update = functools.partial(update, norms=given)
             with deferred_checks() as checks:
                 result = update(stack)
