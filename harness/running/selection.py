@@ -4,9 +4,10 @@ A target is judged on its own tier (`target_tier`): the global tier's cases it s
 array of the tier's full axis space restricted to what it supports (cases/space.py), so that every value and
 every pair of values it accepts is judged, however narrow it is, then its cases with extreme and non-finite
 gradients where it has none (`range_rows`), then cases built from the defaults it declares
-(`defaults_rows`). A target that supports every case and declares no defaults gets the global tier itself. Which cases a target supports is what its adapter answers
-(harness.targets.base.why_unsupported: `unsupported(case)`, and a distributed or tensor-parallel layout
-only where it has those methods), asked of the global tier's cases and of cases drawn from the space.
+(`defaults_rows`). A target that supports every case and declares no defaults gets the global tier itself.
+Which cases a target supports is what its adapter answers (harness.targets.base.why_unsupported:
+`unsupported(case)`, and a distributed or tensor-parallel layout only where it has those methods), asked of
+the global tier's cases and of cases drawn from the space.
 """
 
 from __future__ import annotations
