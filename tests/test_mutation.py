@@ -18,7 +18,7 @@ from benchmarks.mutation import equivalent, judge, selection, table, workers  # 
 from benchmarks.mutation.__main__ import main  # noqa: E402
 from benchmarks.mutation.mutants import annotation_only, changed_lines, mutants  # noqa: E402
 from benchmarks.mutation.reach import Reach  # noqa: E402
-from benchmarks.mutation.session import Verdict  # noqa: E402
+from benchmarks.mutation.session import Session, Verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,3 +251,15 @@ def test_a_mutant_of_postponed_annotations_alone_is_left_out():
     assert not annotation_only(POSTPONED, POSTPONED.replace("return x", "return -x"))
     assert not annotation_only(POSTPONED, POSTPONED.replace("y: float = 1.0", "y: float = 2.0"))
     assert not annotation_only(POSTPONED, POSTPONED.replace("= x\n", "= +\n"))  # invalid code fails at import
+
+
+def test_a_session_judges_one_state_of_a_module_and_reports_what_it_judged_after_a_change(tmp_path):
+    """A module edited after the session made its mutants is refused for judging (ValueError) but its stored
+    mutants are still reported (`stored`: what was judged, of the source it was made from)."""
+    made = toy_mutants(tmp_path)
+    session = Session(tmp_path / "session", tmp_path)
+    assert session.mutants("pkg/toy.py") == made
+    (tmp_path / "pkg" / "toy.py").write_text(TOY.replace("0.5", "0.25"))
+    with pytest.raises(ValueError, match="changed since session"):
+        session.mutants("pkg/toy.py")
+    assert session.mutants("pkg/toy.py", stored=True) == made

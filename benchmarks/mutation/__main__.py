@@ -115,12 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         workers.preload()
         limits = Limits(args.max_cases, args.max_gloo, args.max_tests)
         signal.signal(signal.SIGTERM, _stop)
-        finished = session.run(args.modules, args.map_tests, args.map_select, args.budget_minutes * 60, args.jobs,
-                               limits, sys.stderr)
+        try:
+            finished = session.run(args.modules, args.map_tests, args.map_select, args.budget_minutes * 60,
+                                   args.jobs, limits, sys.stderr)
+        except ValueError as exc:  # a module changed since the session made its mutants
+            print(f"python -m benchmarks.mutation: error: {exc}", file=sys.stderr)
+            return 2
         if not finished:
             print("budget spent: run the same command again to go on", file=sys.stderr)
     verdicts = list(session.verdicts().values())
-    counts = {m: len(session.mutants(m)) for m in args.modules}
+    counts = {m: len(session.mutants(m, stored=args.report_only)) for m in args.modules}
     text = table.render(table.rows(counts, verdicts, equivalents))
     alive = table.survivors([v for v in verdicts if v.module in counts], equivalents)
     text += "\n\nSurvivors not on the reviewed list (benchmarks/mutation/equivalent.toml):\n" + "\n".join(

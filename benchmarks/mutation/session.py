@@ -59,13 +59,14 @@ class Session:
         path.mkdir(parents=True, exist_ok=True)
 
     # mutants -------------------------------------------------------------------------------------
-    def mutants(self, module: str) -> list[Mutant]:
-        """The module's mutants, made (and stored) on first use; ValueError if its source changed."""
+    def mutants(self, module: str, stored: bool = False) -> list[Mutant]:
+        """The module's mutants, made (and stored) on first use; ValueError if its source changed, unless
+        `stored` (a report of what the session judged: the mutants it made, of the source it made them from)."""
         store = self.path / "mutants.json"
         known = json.loads(store.read_text()) if store.exists() else {}
         digest = source_hash((self.root / module).read_text())
         if module in known:
-            if known[module]["hash"] != digest:
+            if known[module]["hash"] != digest and not stored:
                 raise ValueError(f"{module} changed since session {self.path} made its mutants; "
                                  f"judge the new code in a new --session")
             return [Mutant(**m) for m in known[module]["mutants"]]
