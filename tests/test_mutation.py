@@ -125,6 +125,15 @@ def test_a_line_run_at_import_is_judged_by_everything_that_reaches_its_module():
     assert selection.plan(reach, "optimizers/x.py", 1, reach.gloo_cases, 1, 4, 1) == selection.Plan(
         ["c-fast", "c-slow"], [], ["t2"])
     assert selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 1, 4, 1).cases == []
+    # a table's later line (9), which coverage never records: run at import all the same
+    assert selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 1, 4, 1, frozenset({9})).cases == [
+        "c-fast", "c-slow"]
+
+
+def test_import_lines_are_module_and_class_statements_and_signatures_not_function_bodies():
+    source = ("TABLE = (\n    (1, 2),\n    (3, 4),\n)\n\n\nclass A:\n    X = 1\n\n    def f(self, a=(1,\n"
+              "                             2)):\n        return a\n")
+    assert selection.import_lines(source) == frozenset({1, 2, 3, 4, 7, 8, 10, 11})
 
 
 def test_the_modules_own_tests_judge_first_however_slow():

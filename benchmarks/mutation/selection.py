@@ -9,8 +9,8 @@
   most `max_tests` (the checkpoint checks are such tests), the module's own test file's among them first
   (tests/test_<module>.py: the cheapest tests of a line every step runs are other modules' tests, and the
   expensive one written for it, such as a large matrix's norm, would never be chosen);
-- code that runs when the module is imported (its constants, default tables and declarations: the map sees it
-  run under no case or test): every case that executes any line of the module, cheapest first, and its
+- code that runs when the module is imported (its constants, default tables and declarations, `import_lines`:
+  the map sees it run under no case or test, or a table's later lines not at all): every case that executes any line of the module, cheapest first, and its
   cheapest `max_tests` tests. A changed default reaches whatever builds the optimizer (the defaults cases do).
 
 A line nothing executes gets no judge at all, and its mutants survive as unreached.
@@ -18,6 +18,8 @@ A line nothing executes gets no judge at all, and its mutants survive as unreach
 
 from __future__ import annotations
 
+import ast
+import functools
 from dataclasses import dataclass, field
 
 from benchmarks.mutation.reach import Reach
@@ -59,13 +61,36 @@ def spread(items: list[str], limit: int) -> list[str]:
     return [items[i * len(items) // limit] for i in range(limit)]
 
 
+@functools.cache
+def import_lines(source: str) -> frozenset[int]:
+    """The lines of `source` that run when it is imported: every line of its module-level statements and of
+    its class bodies, but not of function bodies. Coverage records a statement by its first line, so a
+    constant table's later lines are in no map."""
+    lines: set[int] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                lines.update(range(node.lineno, node.body[0].lineno))  # its header: bases, keywords
+                lines.update(d.lineno for d in node.decorator_list)
+                visit(node.body)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines.update(range(node.lineno, node.body[0].lineno))  # its signature: defaults, decorators
+                lines.update(d.lineno for d in node.decorator_list)
+            else:
+                lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    visit(ast.parse(source).body)
+    return frozenset(lines)
+
+
 def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases: int, max_gloo: int,
-         max_tests: int) -> Plan:
+         max_tests: int, imported: frozenset[int] = frozenset()) -> Plan:
     """The judges of a mutant of `module` at `line` (see the module docstring); `gloo_cases` are the
-    distributed case ids of the CI tier, in tier order."""
+    distributed case ids of the CI tier, in tier order; `imported`: the module's `import_lines`."""
     cases, tests = reach.cases(module, line), reach.tests(module, line)
     case_limit = max_cases
-    if not cases and not tests and line in reach.lines.get(module, {}):  # run at import, under no judge
+    ran_at_import = line in imported or line in reach.lines.get(module, {})
+    if not cases and not tests and ran_at_import:  # run at import, under no judge
         every = [n for n in reach.lines[module] if n != line]
         cases = sorted({c for n in every for c in reach.cases(module, n)})
         tests = sorted({t for n in every for t in reach.tests(module, n)})
