@@ -149,6 +149,9 @@ def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     reach = fake_reach()
     p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 40)
     assert p.gloo == ["normuon/b/ws2", "normuon/d/ws4"] and not p.cases and not p.tests
+    reach.test_seconds["tests/test_distributed_normuon.py::refused"] = 3.0  # named for it: its rank pools judge
+    p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 40)
+    assert p.tests == ["tests/test_distributed_normuon.py::refused"]
     shared = selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 40, 2, 40)
     assert shared.gloo == ["muon/a/ws2", "dion2-f0.5/c/ws2"]  # spread over every algorithm's
     assert selection.plan(reach, "oracles/y.py", 9, reach.gloo_cases, 40, 4, 40).empty

@@ -4,14 +4,16 @@
   most `max_cases`;
 - optimizer code that no single-process case and no unit test executes in-process (distributed
   paths): the gloo cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code),
-  spread over the tier, at most `max_gloo`;
+  spread over the tier, at most `max_gloo`, and the tests of the files named for the module
+  (tests/test_distributed_normuon.py for normuon.py), whose rank pools run in processes the map does not see;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
   most `max_tests` (the checkpoint checks are such tests), the module's own test file's among them first
   (tests/test_<module>.py: the cheapest tests of a line every step runs are other modules' tests, and the
   expensive one written for it, such as a large matrix's norm, would never be chosen);
-- code that runs when the module is imported (its constants, default tables and declarations, `import_lines`:
-  the map sees it run under no case or test, or a table's later lines not at all): every case that executes any line of the module, cheapest first, and its
-  cheapest `max_tests` tests. A changed default reaches whatever builds the optimizer (the defaults cases do).
+- code that runs when the module is imported (its constants, default tables and declarations,
+  `import_lines`: the map sees it run under no case or test, or a table's later lines not at all): every
+  case that executes any line of the module, cheapest first, and its cheapest `max_tests` tests. A changed
+  default reaches whatever builds the optimizer (the defaults cases do).
 
 A line nothing executes gets no judge at all, and its mutants survive as unreached.
 """
@@ -91,7 +93,7 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
     case_limit = max_cases
     ran_at_import = line in imported or line in reach.lines.get(module, {})
     if not cases and not tests and ran_at_import:  # run at import, under no judge
-        every = [n for n in reach.lines[module] if n != line]
+        every = [n for n in reach.lines.get(module, {}) if n != line]
         cases = sorted({c for n in every for c in reach.cases(module, n)})
         tests = sorted({t for n in every for t in reach.tests(module, n)})
         case_limit = len(cases)
@@ -103,6 +105,9 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
     if not cases and not tests and module.startswith("optimizers/"):
         wanted = ALGORITHMS.get(module)
         gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
+        stem = module.rsplit("/", 1)[-1].removesuffix(".py")  # the test files named for it: their rank pools
+        named = [t for t in reach.test_seconds if stem in t.split("::")[0].rsplit("/", 1)[-1] and t not in reach.broken]
+        tests = sorted(named, key=lambda t: (reach.test_seconds[t], t))[:max_tests]
     return Plan(cases, gloo, tests)
 
 
