@@ -213,3 +213,18 @@ def test_muon_states_are_versioned_too():
     state = copy.deepcopy(opt.state_dict())
     del state["layout_version"]
     assert rejected_load_problems(opt, state) == []
+
+
+def test_a_checkpoint_with_a_negative_variance_is_refused():
+    """The row second moment is a mean of squares: a checkpoint holding a negative one (its square root would
+    be NaN) is refused on load, the optimizer untouched (the `nonnegative` flag's mutant survived every case)."""
+    p = torch.nn.Parameter(torch.randn(8, 6))
+    opt = NorMuon([p])
+    p.grad = torch.randn(8, 6)
+    opt.step()
+    saved = opt.state_dict()
+    bad = copy.deepcopy(saved)
+    next(iter(bad["state"].values()))["variance"][0] = -1.0
+    with pytest.raises(ValueError, match="variance"):
+        opt.load_state_dict(bad)
+    assert torch.equal(opt.state[p]["variance"], next(iter(saved["state"].values()))["variance"])
