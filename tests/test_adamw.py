@@ -4,6 +4,7 @@ moment weight written with the wrong operator survived every case (the mutation 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -72,7 +73,7 @@ def test_a_negative_adamw_eps_and_a_negative_second_moment_are_refused():
     p.grad = torch.randn(16)
     opt.step()
     saved = opt.state_dict()
-    bad = __import__("copy").deepcopy(saved)
+    bad = copy.deepcopy(saved)
     next(iter(bad["state"].values()))["exp_avg_sq"][0] = -1.0
     with pytest.raises(ValueError, match="exp_avg_sq"):
         opt.load_state_dict(bad)
