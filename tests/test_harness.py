@@ -136,7 +136,7 @@ def test_unsupported_is_never_pass():
 
 def test_applicable_checks():
     case = Case.from_id("muon/conv2d-8x4x3x3/mb3/flat/fp32@fp32/pe/spectral_norm/nesterov/wd0.1/steps3/zero/seed0")
-    assert applicable(case) == ["reference", "megabatch", "equiv2d", "finite"]
+    assert applicable(case) == ["reference", "megabatch", "equiv2d", "mixed", "finite"]
 
 
 def test_torch_builtin_muon_corrupts_bf16_momentum():

@@ -405,12 +405,14 @@ ADAPTER_REASONS = ("MyMuon is Muon for 2-D parameters only", "MyMuon orthogonali
 
 
 def check_adapter_run(folder: Path) -> None:
-    """Every case the adapter accepts passes, any other is unsupported with the adapter's reason, and the
+    """Every case the adapter accepts passes, any other is unsupported with the adapter's reason (and the
+    `mixed` check skipped with it: MyMuon refuses the convolutions a Linear's group would hold), and the
     scope line is the one the README quotes."""
     got = records(folder)
-    assert {r.status for r in got} <= {"pass", "unsupported"}
+    assert {r.status for r in got} <= {"pass", "unsupported", "skipped"}
     assert sum(r.status == "pass" for r in got) > 0
     assert all(r.message in ADAPTER_REASONS for r in got if r.status == "unsupported")
+    assert all(r.check == "mixed" and r.message.endswith(ADAPTER_REASONS[0]) for r in got if r.status == "skipped")
     scope = run_json(folder)["scope"]
     assert scope and f"    {scope}\n" in TEXT["README.md"], f"the README does not quote this scope line: {scope}"
 

@@ -58,11 +58,14 @@ def batched_products_invariant(device: torch.device | str, dtype: torch.dtype, b
     return _invariant(str(device), dtype, batch, r, c, members, torch.get_num_threads())
 
 
-def megabatch_variant_shapes(case: Case, conv: Conventions, inputs: Inputs) -> list[tuple[int, int]]:
+def megabatch_variant_shapes(case: Case, conv: Conventions, inputs: Inputs,
+                             copies: int | None = None) -> list[tuple[int, int]]:
     """The shapes [m, n] of the matrices `case`'s reference orthogonalizes (the algorithm's directions,
     harness/algorithms.py) whose batched products here depend on the megabatch size, in either
     orientation (a target may stack them as [m, n] or [n, m]: the oracle holds Dion2's selected columns
-    as rows, ours as columns); [] when none."""
+    as rows, ours as columns); [] when none. By default the megabatch against each member alone; with
+    `copies`, `copies` megabatches stacked as one (a group holding the megabatch and its twins) against
+    the megabatch alone."""
     directions = algorithm(case).directions(case, conv)
     shapes = set()
     for i in range(len(inputs.params)):
@@ -71,5 +74,9 @@ def megabatch_variant_shapes(case: Case, conv: Conventions, inputs: Inputs) -> l
             state, mats = directions.step(state, f64(step[i]))
             shapes |= {np.shape(stack) for stack in (mats if isinstance(mats, list) else [mats])}
     device, dtype = inputs.params[0].device, TORCH_DTYPES[conv.compute_dtype]
-    invariant = lambda b, r, c: batched_products_invariant(device, dtype, b, r, c, len(inputs.params))
+    members = len(inputs.params)
+    if copies is None:
+        invariant = lambda b, r, c: batched_products_invariant(device, dtype, b, r, c, members)
+    else:
+        invariant = lambda b, r, c: batched_products_invariant(device, dtype, b * members, r, c, copies)
     return sorted((m, n) for b, m, n in shapes if not (invariant(b, m, n) and invariant(b, n, m)))

@@ -5,6 +5,8 @@
              re-seeded from the target's own previous parameter (momentum in FP64)
   megabatch  a member stepped inside the megabatch == the member stepped alone
   equiv2d    flatten=True: [out, *rest] steps as the 2-D [out, prod(rest)] parameter does
+  mixed      flatten=True: the members step as they do alone in one group with their negated twins of the
+             other layer kind (a conv's [out, prod(rest)] Linear, a Linear's [out, in, 1, 1] 1x1 conv)
   fraction1  Dion2 / NorDion2 with fraction 1 step as Muon / NorMuon with momentum ef_decay
   scale      gradients x 2^10 vs the reference of the scaled run (the normaliser removes scale)
   finite     degenerate gradients (zero, rank-deficient, tiny, huge, extreme) give finite parameters
@@ -159,6 +161,52 @@ def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Out
     flat = (case.shape[0], math.prod(case.shape[1:]))
     other = [[t.reshape(case.shape) for t in step] for step in target.run(*_args(inputs.reshaped(flat)), case)]
     return dataclasses.replace(relation("equiv2d", case, target, inputs, traj, other), run=other)
+
+
+TWIN_PROBE_LAYERS = {True: "linear", False: "conv2d_k1"}
+"""The CI layer whose kind a member's twin has, by whether the member is a convolution (3-D+): what the target's
+`unsupported` is asked about before `mixed` hands it that kind."""
+
+
+def twin_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of the other layer kind that flatten=True steps as `shape`: a convolution's [out, prod(rest)]
+    Linear, a Linear's [out, in, 1, 1] pointwise convolution."""
+    return (shape[0], math.prod(shape[1:])) if len(shape) > 2 else (*shape, 1, 1)
+
+
+def mixed(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
+    """flatten=True on a group that mixes layer kinds, as users set it on a whole model: the members and their
+    twins (twin_shape; parameters and gradients negated) in one group. Each member must step as it does alone,
+    and each twin as the negated member (every stage is odd, and negation is exact, so a twin handed its
+    member's update is seen). Skipped where the target does not run the twin's kind for this case."""
+    twin_kind = len(case.shape) > 2
+    try:
+        why = target.unsupported(dataclasses.replace(case, layer=TWIN_PROBE_LAYERS[twin_kind]))
+    except ValueError as exc:
+        why = f"no case of the twin's kind exists ({exc})"
+    if why:
+        return Outcome("mixed", NO_METRICS, None, f"the target does not run the twin layer kind here: {why}",
+                       skipped=True)
+    shape = twin_shape(case.shape)
+    twins = inputs.reshaped(shape)
+    group = Inputs(inputs.params + [-p for p in twins.params],
+                   [mine + [-g for g in theirs] for mine, theirs in zip(inputs.grads, twins.grads)], inputs.flatten)
+    run = target.run(*_args(group), case)
+    n = case.megabatch
+    members = [step[:n] for step in run]
+    twins_back = [[-t.reshape(case.shape) for t in step[n:]] for step in run]
+    conv = target.conventions(case)
+    bitwise = target.exact_relations and conv.compute_dtype == "fp64" and case.param_dtype == "fp64"
+    variant = batch_invariance.megabatch_variant_shapes(case, conv, inputs, copies=2) if bitwise else []
+    exact = target.exact_relations and not variant
+    judged = [(relation("mixed", case, target, inputs, members, traj, exact=exact), "members"),
+              (relation("mixed", case, target, inputs, twins_back, traj, exact=exact),
+               f"their negated {'x'.join(map(str, shape))} twins")]
+    out, which = max(judged, key=lambda pair: pair[0].metrics.severity)
+    if out.skipped or out.unsupported:
+        return out
+    return dataclasses.replace(out, message=f"in one group with their twins, {which} against the members alone: "
+                                            f"{out.message}")
 
 
 def fraction1(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:

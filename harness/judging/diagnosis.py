@@ -9,7 +9,8 @@ Rules, first match wins (each names its evidence in the line it writes):
 
   error               every failing check is an error: the target raised
   non-finite          nonfinite fails: a NaN gradient element is not handled as the documented policy says
-  members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others
+  members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others; or mixed
+                      fails, equiv2d does not: a parameter's step depends on the other layer kind in its group
   replicas            replicas fail: ranks applied different updates
   selection           a selecting algorithm (Dion2, NorDion2), its selection well posed: the judged update
                       moves slices the reference's top-k leaves out, or leaves selected ones unmoved (wrong
@@ -260,6 +261,9 @@ def _diagnose(case: Case, declared: Declared, checks: dict[str, Record], judged:
                 f"({checks['nonfinite'].message})")
     if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
         return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
+    if _failed(checks, "mixed") and not _failed(checks, "equiv2d"):
+        return ("members-mixed: mixed fails while equiv2d holds; a parameter's step depends on the other layer "
+                "kind in its group (flatten, megabatching or write-back decided for the group, not per parameter)")
     if _failed(checks, "replicas"):
         return "replicas: ranks hold different parameters after the step"
     s = _structure(case, declared, judged) if algorithm(case).selects else None

@@ -11,6 +11,7 @@ checks run and records are written.
   local_shard  distributed cases                       layout       where the algorithm is layout invariant
   replicas     the replicated layout
   megabatch    one process, 2+ members                  equiv2d      one process, flatten of a 3-D+ layer
+  mixed        one process, flatten of a matrix algorithm's layer (its twins of the other layer kind in its group)
   fraction1    one process, an equivalent case exists   scale        one process, Gaussian gradients
   finite       one process, degenerate gradients (extreme ones too)
   norm, probe  the bf16-robust checks (harness/judging/robust_checks.py `applies`); with them the
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cases import Case
-from cases.axes import DEGENERATE_GRADIENTS, NONFINITE_GRADIENT
+from cases.axes import DEGENERATE_GRADIENTS, NO_ORTHOGONALIZER, NONFINITE_GRADIENT
 from harness.algorithms import algorithm
 from harness.judging import checks, distributed_checks, robust_checks
 from harness.judging.distributed_checks import Pieces, gather
@@ -77,6 +78,8 @@ _FINITE_INPUT_CHECKS: tuple[Check, ...] = (
     Check("megabatch", _single(lambda case: case.megabatch > 1), _whole(checks.megabatch), "coefficient"),
     Check("equiv2d", _single(lambda case: case.flatten and len(case.shape) > 2), _whole(checks.equiv2d),
           "coefficient"),
+    Check("mixed", _single(lambda case: case.flatten and case.orthogonalizer != NO_ORTHOGONALIZER),
+          _whole(checks.mixed), "coefficient"),
     Check("fraction1", _single(lambda case: algorithm(case).equivalent(case) is not None), _whole(checks.fraction1),
           "coefficient"),
     Check("scale", _single(lambda case: case.grad == "gaussian"), _whole(checks.scale), "coefficient"),

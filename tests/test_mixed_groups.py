@@ -1,0 +1,97 @@
+"""The `mixed` check: flatten=True on a group that mixes layer kinds, as users set it on a whole model.
+
+Judged through the panel's plain Muon (independent of optimizers/: one parameter at a time), through a
+variant of it with a group-level flatten decision (the negative control), and through ours."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from cases import Case
+from harness.judging.checks import twin_shape
+from harness.runner import judged_case, run_case
+from harness.targets import load_target
+from harness.targets.panel.plain import Plain, PlainMuon
+
+LINEAR = Case(layer="linear", megabatch=2, flatten=True, param_dtype="fp64", compute_dtype="fp64",
+              orthogonalizer="newton_schulz", adjust_lr="spectral_norm", nesterov=True, weight_decay=0.1,
+              steps=3, grad="gaussian")
+CONV = dataclasses.replace(LINEAR, layer="conv2d")
+
+
+def _mixed(records: list) -> Any:
+    (record,) = [r for r in records if r.check == "mixed"]
+    return record
+
+
+class FlattenByFirst(PlainMuon):
+    """A plausible defect: the group's flatten is decided once, from its first parameter, so a group led by a
+    Linear orthogonalizes its convolutions as their trailing matrices."""
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            declared = group["flatten"]
+            group["flatten"] = declared and group["params"][0].ndim > 2
+            super().step()
+            group["flatten"] = declared
+
+
+class FlattenByFirstTarget(Plain):
+    name = "flatten-by-first"
+
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        built = super().make(params, case)
+        built.__class__ = FlattenByFirst
+        return built
+
+
+class NoConvolutions(Plain):
+    name = "plain-2d-only"
+
+    def unsupported(self, case: Case) -> str | None:
+        return "2-D parameters only" if len(case.shape) != 2 else super().unsupported(case)
+
+
+def test_the_twin_is_the_other_layer_kind_of_the_same_flattened_shape():
+    assert twin_shape((8, 4, 3, 3)) == (8, 36)
+    assert twin_shape((8, 4, 5)) == (8, 20)
+    assert twin_shape((12, 20)) == (12, 20, 1, 1)
+
+
+@pytest.mark.parametrize("case", [LINEAR, CONV], ids=lambda c: c.layer)
+def test_a_per_parameter_implementation_passes_bitwise(case):
+    record = _mixed(run_case(case, Plain(), "plain"))
+    assert record.status == "pass", record.message
+    assert record.ratio == 0.0, record.message  # exact relations in fp64: the same arithmetic either way
+
+
+def test_a_group_level_flatten_decision_fails_a_linear_led_group_and_is_diagnosed():
+    records = judged_case(LINEAR, FlattenByFirstTarget(), "flatten-by-first")
+    record = _mixed(records)
+    assert record.status == "fail" and record.ratio > 1e3, record.message
+    assert "twins" in record.message
+    assert record.diagnosis.startswith("members-mixed: mixed fails"), record.diagnosis
+    # Alone, the Linear members are right: only the mixed group shows the defect.
+    assert all(r.status in ("pass", "skipped") for r in records if r.check != "mixed"), records
+
+
+def test_the_control_is_right_where_a_convolution_leads_the_group():
+    assert _mixed(run_case(CONV, FlattenByFirstTarget(), "flatten-by-first")).status == "pass"
+
+
+def test_a_target_that_refuses_the_twin_kind_is_skipped_with_its_reason():
+    record = _mixed(run_case(LINEAR, NoConvolutions(), "plain-2d-only"))
+    assert record.status == "skipped"
+    assert "does not run the twin layer kind here: 2-D parameters only" in record.message
+
+
+def test_ours_steps_a_mixed_group_as_its_members_alone():
+    for case in (LINEAR, dataclasses.replace(CONV, optimizer="normuon", param_dtype="fp32", compute_dtype="bf16",
+                                             orthogonalizer="polar_express", nesterov=False)):
+        record = _mixed(run_case(case, load_target("ours"), "ours"))
+        assert record.status == "pass", record.message
