@@ -5,6 +5,7 @@ an interrupted run is written and marked incomplete."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import io
 import json
 import math
@@ -373,6 +374,21 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def _unlocked(lock: Path) -> bool:
+    """No process holds the run folder's lock file `lock` (reports/run_folder.py)."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def test_a_run_killed_while_it_writes_leaves_the_old_run_and_no_lock(tmp_path):
     old = stored(tmp_path / "out", [rec(OTHER)])
     child = subprocess.Popen([sys.executable, "-c", KILLED_WRITE, "run", "--select", CASE, "--out", str(old),
@@ -385,6 +401,11 @@ def test_a_run_killed_while_it_writes_leaves_the_old_run_and_no_lock(tmp_path):
         child.kill()
         child.wait()
     assert [r.case_id for r in cli.load_run(old)[0]] == [OTHER]
+    # The killed run's journal watcher (harness/apps/journal.py) may hold the folder a moment longer while it
+    # stores what finished; the next run waits for it as a user would, then replaces the run.
+    deadline = time.monotonic() + 60
+    while not _unlocked(tmp_path / ".out.lock") and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert cli.main(["run", "--select", CASE, "--out", str(old), "--replace", "--quiet"]) == 0
     assert {r.case_id for r in cli.load_run(old)[0]} == {CASE}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

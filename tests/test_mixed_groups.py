@@ -50,6 +50,29 @@ class FlattenByFirstTarget(Plain):
         return built
 
 
+class SortedByRank(PlainMuon):
+    """A plausible defect: a group's gradients are gathered in order of rank (Linear layers first) and handed
+    back in the group's order, so in a mixed group each parameter steps with another's gradient."""
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            params = group["params"]
+            grads = [params[i].grad for i in sorted(range(len(params)), key=lambda i: params[i].ndim)]
+            for p, g in zip(params, grads):
+                p.grad = g.reshape(p.shape)
+        super().step()
+
+
+class SortedByRankTarget(Plain):
+    name = "sorted-by-rank"
+
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        built = super().make(params, case)
+        built.__class__ = SortedByRank
+        return built
+
+
 class NoConvolutions(Plain):
     name = "plain-2d-only"
 
@@ -74,14 +97,24 @@ def test_a_group_level_flatten_decision_fails_a_linear_led_group_and_is_diagnose
     records = judged_case(LINEAR, FlattenByFirstTarget(), "flatten-by-first")
     record = _mixed(records)
     assert record.status == "fail" and record.ratio > 1e3, record.message
-    assert "twins" in record.message
-    assert record.diagnosis.startswith("members-mixed: mixed fails"), record.diagnosis
+    assert "the members step as alone, their negated 12x20x1x1 twins do not" in record.message
+    assert record.diagnosis.startswith("flattened-geometry: mixed fails on the twins alone"), record.diagnosis
     # Alone, the Linear members are right: only the mixed group shows the defect.
     assert all(r.status in ("pass", "skipped") for r in records if r.check != "mixed"), records
 
 
 def test_the_control_is_right_where_a_convolution_leads_the_group():
     assert _mixed(run_case(CONV, FlattenByFirstTarget(), "flatten-by-first")).status == "pass"
+
+
+def test_gradients_handed_back_in_another_order_fail_the_members_and_are_diagnosed():
+    """A convolution-led group is reordered (its Linear twins sort first); the members get their twins'
+    negated gradients."""
+    records = judged_case(CONV, SortedByRankTarget(), "sorted-by-rank")
+    record = _mixed(records)
+    assert record.status == "fail" and "the members: " in record.message, record.message
+    assert record.diagnosis.startswith("members-mixed: mixed fails"), record.diagnosis
+    assert all(r.status in ("pass", "skipped") for r in records if r.check != "mixed"), records
 
 
 def test_a_target_that_refuses_the_twin_kind_is_skipped_with_its_reason():

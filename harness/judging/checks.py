@@ -168,6 +168,10 @@ TWIN_PROBE_LAYERS = {True: "linear", False: "conv2d_k1"}
 `unsupported` is asked about before `mixed` hands it that kind."""
 
 
+MEMBERS_HOLD = "the members step as alone"
+"""How `mixed` says that only the twins failed (harness/judging/diagnosis.py reads it)."""
+
+
 def twin_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape of the other layer kind that flatten=True steps as `shape`: a convolution's [out, prod(rest)]
     Linear, a Linear's [out, in, 1, 1] pointwise convolution."""
@@ -199,14 +203,15 @@ def mixed(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outco
     bitwise = target.exact_relations and conv.compute_dtype == "fp64" and case.param_dtype == "fp64"
     variant = batch_invariance.megabatch_variant_shapes(case, conv, inputs, copies=2) if bitwise else []
     exact = target.exact_relations and not variant
-    judged = [(relation("mixed", case, target, inputs, members, traj, exact=exact), "members"),
-              (relation("mixed", case, target, inputs, twins_back, traj, exact=exact),
-               f"their negated {'x'.join(map(str, shape))} twins")]
-    out, which = max(judged, key=lambda pair: pair[0].metrics.severity)
-    if out.skipped or out.unsupported:
-        return out
-    return dataclasses.replace(out, message=f"in one group with their twins, {which} against the members alone: "
-                                            f"{out.message}")
+    mine = relation("mixed", case, target, inputs, members, traj, exact=exact)
+    theirs = relation("mixed", case, target, inputs, twins_back, traj, exact=exact)
+    if mine.skipped or mine.unsupported:
+        return mine
+    twins = f"their negated {'x'.join(map(str, shape))} twins"
+    if theirs.metrics.severity > mine.metrics.severity:
+        lead = f"{MEMBERS_HOLD}, {twins} do not" if mine.status == "pass" and theirs.status == "fail" else twins
+        return dataclasses.replace(theirs, message=f"in one group with their twins, {lead}: {theirs.message}")
+    return dataclasses.replace(mine, message=f"in one group with their twins, the members: {mine.message}")
 
 
 def fraction1(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:

@@ -11,6 +11,7 @@ Rules, first match wins (each names its evidence in the line it writes):
   non-finite          nonfinite fails: a NaN gradient element is not handled as the documented policy says
   members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others; or mixed
                       fails, equiv2d does not: a parameter's step depends on the other layer kind in its group
+                      (flattened-geometry where only a Linear case's twin convolutions fail)
   replicas            replicas fail: ranks applied different updates
   selection           a selecting algorithm (Dion2, NorDion2), its selection well posed: the judged update
                       moves slices the reference's top-k leaves out, or leaves selected ones unmoved (wrong
@@ -56,6 +57,7 @@ from cases import Case
 from cases.axes import EXTREME_GRADIENT
 from harness.algorithms import algorithm
 from harness.judging import robust_checks
+from harness.judging.checks import MEMBERS_HOLD
 from harness.judging.judged import Judged
 from harness.judging.structure import Declared, Structure, related, scale_relation, structure
 from harness.targets.base import Target
@@ -262,6 +264,9 @@ def _diagnose(case: Case, declared: Declared, checks: dict[str, Record], judged:
     if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
         return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
     if _failed(checks, "mixed") and not _failed(checks, "equiv2d"):
+        if len(case.shape) == 2 and MEMBERS_HOLD in checks["mixed"].message:
+            return ("flattened-geometry: mixed fails on the twins alone; in a group led by Linear layers a "
+                    "[out, in, 1, 1] convolution does not step as its [out, in] matrix")
         return ("members-mixed: mixed fails while equiv2d holds; a parameter's step depends on the other layer "
                 "kind in its group (flatten, megabatching or write-back decided for the group, not per parameter)")
     if _failed(checks, "replicas"):
