@@ -322,6 +322,7 @@ def test_replace_swaps_the_stored_run_for_the_new_one(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it
 
 
+@pytest.mark.slow
 def test_a_second_writer_to_the_same_out_is_refused_while_the_first_runs(tmp_path):
     out = tmp_path / "out"
     first = subprocess.Popen([sys.executable, "-m", "harness", "run", "--tier", "nightly", "--select", "linear",

@@ -37,6 +37,7 @@ def test_drop_leaves_out_a_row_on_the_sets_it_names_only():
     assert not re.search(r"^\| convnext_t \|.*\| ours \(polar_express\) \|", text, re.M), text
 
 
+@pytest.mark.slow
 def test_a_peer_row_runs_in_a_process_of_its_own_and_a_failing_one_says_why():
     args = gpu_step.parse(["--quick"])
     result = gpu_step.run_isolated("gpt2_small", "ours (polar_express)", args, 30.0)

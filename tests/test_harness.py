@@ -186,6 +186,7 @@ def test_cli_usage_errors_exit_two(tmp_path, args, message):
     assert len(proc.stderr.strip().splitlines()) <= 3
 
 
+@pytest.mark.slow
 def test_cli_diff_and_baseline_flag_a_regression(tmp_path):
     base, head = tmp_path / "base", tmp_path / "head"
     select = ["--select", "conv2d-8x4x3x3/mb3/flat/fp32@fp32"]

@@ -203,6 +203,7 @@ def test_bad_usage_is_refused_before_any_work(tmp_path, capsys, argv, message):
     assert not session.exists()
 
 
+@pytest.mark.slow
 def test_a_real_mutant_is_killed_and_the_original_survives_the_same_judges(tmp_path):
     """The end-to-end run below, in a fresh interpreter: its forked judges run pytest on the scratch copy,
     which a process that has already collected other test modules (an xdist worker of the whole suite)

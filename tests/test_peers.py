@@ -222,6 +222,7 @@ def test_gram_newton_schulz_passes_a_batch_of_matrices():
     assert set(statuses(case, "gram-newton-schulz").values()) == {"pass"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(p.name for p in FINDINGS.glob("*.py")))
 def test_finding_reproduces(script):
     """Each finding's standalone reproduction exits 1 while the defect is present upstream."""

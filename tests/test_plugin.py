@@ -188,6 +188,7 @@ def test_a_session_stopped_early_stores_an_incomplete_run(peer, tmp_path):
     assert not context["complete"] and context["interrupted"] == "1 of 2 cases did not run (stopping after 1 failures)"
 
 
+@pytest.mark.slow
 def test_a_case_whose_xdist_worker_crashed_is_an_error_in_the_stored_run(peer, tmp_path):
     """The target's os._exit(3) kills the xdist worker judging the conv case: xdist replaces it and the run
     stored holds an error on each of that case's checks, saying so, and is complete (issue 30 item 7; before:

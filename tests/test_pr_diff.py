@@ -100,6 +100,7 @@ def test_a_planted_bug_regresses(repo, tmp_path):
     assert len(worktrees(repo)) == 1, "the base's worktree must be removed"
 
 
+@pytest.mark.slow
 def test_a_harmless_head_passes_reusing_its_run_as_ci_does(repo, tmp_path):
     """CI's layout: the head's run in out/, the diff into out/diff/ (inside that run's directory)."""
     head_commit(repo, "harmless", LR_SCALE, RMS_LINE, RMS_LINE + "  # the rms_norm convention's 0.2")

@@ -194,6 +194,7 @@ def test_the_workflow_fails_a_pull_request_that_plants_a_regression(user_repo, t
     assert "another checkout" not in log and len(git(user_repo, "worktree", "list").splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_workflow_passes_a_harmless_pull_request(user_repo, tmp_path):
     head = pull_request(user_repo, "refactor", HARMLESS)
     result = run_the_workflow_step(user_repo, tmp_path / "summary.md")
@@ -225,6 +226,7 @@ def harness(repo: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_a_plugin_run_serves_as_the_head_run(user_repo, tmp_path):
     """The pytest plugin user's PR diff: the session's --muon-out run is the head, pr-diff runs the base."""
     head = pull_request(user_repo, "forgets-mu", REGRESSION)
