@@ -128,3 +128,22 @@ def test_ours_steps_a_mixed_group_as_its_members_alone():
                                              orthogonalizer="polar_express", nesterov=False)):
         record = _mixed(run_case(case, load_target("ours"), "ours"))
         assert record.status == "pass", record.message
+
+
+class ConvolutionsCrash(Plain):
+    """A target that raises on a 4-D parameter (as DeepSpeed 0.19.8's Muon does) and declares no refusal; it
+    also steps at twice the lr, so that a check other than `mixed` fails."""
+    name = "conv-crash"
+
+    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
+        if any(p.ndim == 4 for p in params):
+            raise RuntimeError("4-D parameters are not supported")
+        return super().make(params, dataclasses.replace(case, lr=2 * case.lr))
+
+
+def test_a_target_that_raises_on_the_twins_is_an_error_not_a_diagnosis_of_mixing():
+    records = judged_case(LINEAR, ConvolutionsCrash(), "conv-crash")
+    record = _mixed(records)
+    assert record.status == "error" and "4-D parameters are not supported" in record.message
+    assert any(r.status == "fail" for r in records)
+    assert record.diagnosis.startswith("lr-scale"), record.diagnosis

@@ -263,7 +263,7 @@ def _diagnose(case: Case, declared: Declared, checks: dict[str, Record], judged:
                 f"({checks['nonfinite'].message})")
     if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
         return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
-    if _failed(checks, "mixed") and not _failed(checks, "equiv2d"):
+    if "mixed" in checks and checks["mixed"].status == "fail" and not _failed(checks, "equiv2d"):
         if len(case.shape) == 2 and MEMBERS_HOLD in checks["mixed"].message:
             return ("flattened-geometry: mixed fails on the twins alone; in a group led by Linear layers a "
                     "[out, in, 1, 1] convolution does not step as its [out, in] matrix")
