@@ -10,8 +10,8 @@ Rules, first match wins (each names its evidence in the line it writes):
   error               every failing check is an error: the target raised
   non-finite          nonfinite fails: a NaN gradient element is not handled as the documented policy says
   members-mixed       megabatch fails, equiv2d does not: a member's step depends on the others; or mixed
-                      fails, equiv2d does not: a parameter's step depends on the other layer kind in its group
-                      (flattened-geometry where only a Linear case's twin convolutions fail)
+                      fails, equiv2d and reference do not: a parameter's step depends on the other layer kind in
+                      its group (flattened-geometry where only a Linear case's twin convolutions fail)
   replicas            replicas fail: ranks applied different updates
   selection           a selecting algorithm (Dion2, NorDion2), its selection well posed: the judged update
                       moves slices the reference's top-k leaves out, or leaves selected ones unmoved (wrong
@@ -263,7 +263,8 @@ def _diagnose(case: Case, declared: Declared, checks: dict[str, Record], judged:
                 f"({checks['nonfinite'].message})")
     if _failed(checks, "megabatch") and not _failed(checks, "equiv2d"):
         return "members-mixed: megabatch fails while equiv2d holds; a member's step depends on the other members"
-    if "mixed" in checks and checks["mixed"].status == "fail" and not _failed(checks, "equiv2d"):
+    if ("mixed" in checks and checks["mixed"].status == "fail" and not _failed(checks, "equiv2d")
+            and not _failed(checks, "reference")):
         if len(case.shape) == 2 and MEMBERS_HOLD in checks["mixed"].message:
             return ("flattened-geometry: mixed fails on the twins alone; in a group led by Linear layers a "
                     "[out, in, 1, 1] convolution does not step as its [out, in] matrix")
