@@ -41,13 +41,19 @@ class FlattenByFirst(PlainMuon):
             group["flatten"] = declared
 
 
-class FlattenByFirstTarget(Plain):
-    name = "flatten-by-first"
+class Stepping(Plain):
+    """The panel's plain Muon, stepped by `optimizer` (a PlainMuon subclass that changes only `step`)."""
+
+    optimizer: type[PlainMuon]
 
     def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
         built = super().make(params, case)
-        built.__class__ = FlattenByFirst
+        built.__class__ = self.optimizer
         return built
+
+
+class FlattenByFirstTarget(Stepping):
+    name, optimizer = "flatten-by-first", FlattenByFirst
 
 
 class SortedByRank(PlainMuon):
@@ -64,13 +70,8 @@ class SortedByRank(PlainMuon):
         super().step()
 
 
-class SortedByRankTarget(Plain):
-    name = "sorted-by-rank"
-
-    def make(self, params: list[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
-        built = super().make(params, case)
-        built.__class__ = SortedByRank
-        return built
+class SortedByRankTarget(Stepping):
+    name, optimizer = "sorted-by-rank", SortedByRank
 
 
 class NoConvolutions(Plain):

@@ -146,15 +146,24 @@ def megabatch(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> O
     the stack size (harness/judging/batch_invariance.py); elsewhere the relation takes its tolerance."""
     alone = [target.run(*_args(inputs.member(i)), case) for i in range(case.megabatch)]
     regrouped = [[alone[i][k][0] for i in range(case.megabatch)] for k in range(case.steps)]
-    conv = target.conventions(case)
-    bitwise = target.exact_relations and conv.compute_dtype == "fp64" and case.param_dtype == "fp64"
-    variant = batch_invariance.megabatch_variant_shapes(case, conv, inputs) if bitwise else []
+    variant = _stack_variant_shapes(case, target, inputs)
     out = relation("megabatch", case, target, inputs, traj, regrouped, exact=target.exact_relations and not variant)
     if not variant:
         return out
     shapes = ", ".join(f"{m}x{n}" for m, n in variant)
     return dataclasses.replace(out, message=f"batched fp64 products of {shapes} matrices depend on the stack size "
                                             f"here (harness/judging/batch_invariance.py), not bitwise: {out.message}")
+
+
+def _stack_variant_shapes(case: Case, target: Target, inputs: Inputs, copies: int | None = None
+                          ) -> list[tuple[int, int]]:
+    """Where a target of exact relations runs `case` in fp64, the matrix shapes whose batched products here
+    depend on the stack size (batch_invariance.megabatch_variant_shapes), so that a relation across stack sizes
+    is not bitwise; [] elsewhere (nothing bitwise is claimed)."""
+    conv = target.conventions(case)
+    if not (target.exact_relations and conv.compute_dtype == "fp64" and case.param_dtype == "fp64"):
+        return []
+    return batch_invariance.megabatch_variant_shapes(case, conv, inputs, copies)
 
 
 def equiv2d(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outcome:
@@ -199,17 +208,14 @@ def mixed(case: Case, target: Target, inputs: Inputs, traj: Trajectory) -> Outco
     n = case.megabatch
     members = [step[:n] for step in run]
     twins_back = [[-t.reshape(case.shape) for t in step[n:]] for step in run]
-    conv = target.conventions(case)
-    bitwise = target.exact_relations and conv.compute_dtype == "fp64" and case.param_dtype == "fp64"
-    variant = batch_invariance.megabatch_variant_shapes(case, conv, inputs, copies=2) if bitwise else []
-    exact = target.exact_relations and not variant
+    exact = target.exact_relations and not _stack_variant_shapes(case, target, inputs, copies=2)
     mine = relation("mixed", case, target, inputs, members, traj, exact=exact)
     theirs = relation("mixed", case, target, inputs, twins_back, traj, exact=exact)
     if mine.skipped or mine.unsupported:
         return mine
-    twins = f"their negated {'x'.join(map(str, shape))} twins"
+    named = f"their negated {'x'.join(map(str, shape))} twins"
     if theirs.metrics.severity > mine.metrics.severity:
-        lead = f"{MEMBERS_HOLD}, {twins} do not" if mine.status == "pass" and theirs.status == "fail" else twins
+        lead = f"{MEMBERS_HOLD}, {named} do not" if mine.status == "pass" and theirs.status == "fail" else named
         return dataclasses.replace(theirs, message=f"in one group with their twins, {lead}: {theirs.message}")
     return dataclasses.replace(mine, message=f"in one group with their twins, the members: {mine.message}")
 
