@@ -153,7 +153,7 @@ def without_pass(x: torch.Tensor, dims: tuple[int, ...], limit: float, dtype: to
     if x.device.type == "cpu":
         return scaled_and_cast(x, dims, limit, dtype, fused)
     cast = x.to(dtype)
-    return cast, frobenius(cast, dims, keepdim=True), torch.ones((), dtype=x.dtype)
+    return cast, frobenius(cast, dims, keepdim=True), torch.ones((), dtype=dtype)
 
 
 def torch_only(x: torch.Tensor, dims: tuple[int, ...], limit: float, dtype: torch.dtype,

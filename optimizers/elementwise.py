@@ -38,8 +38,12 @@ def _reached(t: torch.Tensor) -> bool:
 
 def _dense_stack(x: torch.Tensor) -> bool:
     """x is a non-empty stack [B, m, n] whose matrices are dense blocks of their own, each row- or column-major."""
-    return x.ndim == 3 and x.numel() > 0 and x.stride(0) == x[0].numel() and (
-        x.stride()[1:] == (x.size(2), 1) or x.stride()[1:] == (1, x.size(1)))
+    if x.ndim != 3:
+        return False
+    batch, rows, cols = x.shape  # (sizes and strides only: indexing a view costs the host microseconds)
+    strides = x.stride()
+    return batch * rows * cols > 0 and strides[0] == rows * cols and (
+        strides[1:] == (cols, 1) or strides[1:] == (1, rows))
 
 
 def _usable(tensors: list[torch.Tensor], numel: int, kernels: Kernels, contiguous: bool = True) -> ModuleType | None:
@@ -132,21 +136,21 @@ def _fp32_exact(value: float) -> bool:
 
 def scaled_and_cast(x: torch.Tensor, limit: float, dtype: torch.dtype, kernels: Kernels
                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(x scale rounded to `dtype`, scale [B, 1, 1] in x's dtype), scale norms.scale_of(max |entry|, limit) per
-    matrix of x [B, m, n], in two launches (elementwise_triton.scaled_and_cast), the bits and strides of
+    """(x scale rounded to `dtype`, scale [B, 1, 1] rounded to `dtype`), scale norms.scale_of(max |entry|, limit)
+    per matrix of x [B, m, n], in one launch (elementwise_triton.scaled_and_cast), the bits and strides of
     norms.py's `downscale` then `torch.mul(x, scale, out=torch.empty_like(x, dtype=dtype))`; None (nothing done)
-    where the kernel cannot run or is not faster: `kernels` off, a dtype outside CAST_INPUTS / CAST_OUTPUTS, no
-    cast (`dtype` x's own: Gram Newton-Schulz's fp32 normaliser, where the torch form stepped faster on an
-    H200: GPT-2 small with CUDA graphs 4.213 against 4.340 ms, ConvNeXt-T 3.919 against 4.053), matrices that are not
-    dense blocks, an empty stack, more than GRID_ROWS matrices, or a limit fp32 does not hold exactly.
+    where the kernel cannot run: `kernels` off, a dtype outside CAST_INPUTS / CAST_OUTPUTS, matrices that are not
+    dense blocks, an empty stack, more than GRID_ROWS matrices, a limit fp32 does not hold exactly, or a CUDA graph's
+    capture before the device's first launch of it (elementwise_triton.arrivals).
     At every size (no MIN_NUMEL): it takes the place of the torch form's ~7 launches and its second read of x.
-    `benchmarks/normaliser_overhead.py --device cuda` on an H200 (torch 2.11, triton 3.6), one run: per stack
-    within 0.015 ms of the torch form on the small ones (ConvNeXt-T's), 1.03x to 1.4x as fast on GPT-2's and 1.9x
-    on the 24-layer set's (15.63 against 8.16 ms for 96 x 4096 x 4096); Polar Express steps cost 0.3% more than
-    with no overflow pass on the 24-layer set (the torch form 3.0%), 1.6% on GPT-2 small and 1.3% on ConvNeXt-T
-    with CUDA graphs (7.3% and 6.8%)."""
+    `benchmarks/normaliser_overhead.py --device cuda` on an H200 (torch 2.11, triton 3.6; docs/gpu-speed.md): per
+    stack 0.03 to 0.1 ms faster than the torch form, 1.9x as fast on the 24-layer set's (8.08 against 15.28 ms
+    for 96 x 4096 x 4096, where the plain cast took 8.38); Polar Express steps launch the kernels they launch with
+    no overflow pass and cost 0.1% more on the 24-layer set, 0.0% to 0.8% on GPT-2 small and ConvNeXt-T with
+    CUDA graphs."""
     if (not kernels.on or not _dense_stack(x) or x.dtype not in CAST_INPUTS or dtype not in CAST_OUTPUTS
-            or dtype == x.dtype or x.size(0) > GRID_ROWS or not _fp32_exact(limit) or not _reached(x)):
+            or x.size(0) > GRID_ROWS or not _fp32_exact(limit) or not _reached(x)):
         return None
     module = triton_kernels()
-    return None if module is None else module.scaled_and_cast(x, limit, dtype)
+    counts = None if module is None else module.arrivals(x.device, x.size(0))
+    return None if counts is None else module.scaled_and_cast(x, limit, dtype, counts)

@@ -7,8 +7,8 @@ tensor:
   divide     (X f) / d, rounded to bf16/fp16    (X fp32, one d and optionally one power-of-two f per matrix:
                                                  Gram Newton-Schulz's normaliser, f its overflow scale)
   scaled_and_cast  X s, rounded to bf16/fp16/fp32, and s = norms.scale_of(max |X|) per matrix
-                                                (X fp32 or bf16: the normaliser's overflow-safe cast, two
-                                                 launches, one read of X where no matrix needs scaling)
+                                                (X fp32 or bf16: the normaliser's overflow-safe cast, one
+                                                 read of X where no matrix needs scaling)
   apply      X <- X (1 - lr wd) + alpha O       (X fp32; O the orthogonalized matrices, bf16/fp16/fp32,
                                                  row-major or a transposed view: widened in registers)
 
@@ -131,23 +131,6 @@ def _widened(x):
 
 
 @triton.jit
-def _cast_and_top(x_ptr, out_ptr, parts_ptr, per_matrix, BLOCK: tl.constexpr):
-    # program (p, b): its share of matrix b rounded to out's dtype, and the share's largest |entry| (NaN where
-    # one is NaN) at parts[b, p]
-    b = tl.program_id(1)
-    base = b.to(tl.int64) * per_matrix
-    top = tl.zeros([BLOCK], dtype=parts_ptr.dtype.element_ty)
-    for start in range(tl.program_id(0) * BLOCK, per_matrix, tl.num_programs(0) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        inside = offs < per_matrix
-        x = _widened(tl.load(x_ptr + base + offs, mask=inside, other=0.0))
-        tl.store(out_ptr + base + offs, _rounded(x, out_ptr.dtype.element_ty), mask=inside)
-        magnitude = tl.abs(x)
-        top = tl.where((magnitude > top) | (magnitude != magnitude), magnitude, top)  # a NaN stays
-    tl.store(parts_ptr + b * tl.num_programs(0) + tl.program_id(0), _top(top))
-
-
-@triton.jit
 def _scale_of(top, limit):
     # norms.scale_of: 1 where top <= limit (or NaN); else f / top = 2^-e for top = f 2^e, f in [0.5, 1) (f: top's
     # mantissa under the exponent of 0.5; the quotient is a power of two, exact); NaN where top = +inf
@@ -158,24 +141,38 @@ def _scale_of(top, limit):
 
 
 @triton.jit
-def _rescale(x_ptr, out_ptr, parts_ptr, scale_ptr, per_matrix, limit, PARTS: tl.constexpr, BLOCK: tl.constexpr):
-    # program (p, b): matrix b's largest |entry| from its parts, its scale (stored by program 0); where the scale
-    # is not 1, its share of matrix b rewritten as x scale, rounded to x's dtype, then to out's
+def _scaled_cast(x_ptr, out_ptr, parts_ptr, count_ptr, scale_ptr, per_matrix, limit, PARTS: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    # program (p, b): its share of matrix b rounded to out's dtype, and the share's largest |entry| (NaN where one
+    # is NaN) at parts[b, p]; the last of matrix b's programs to finish (an arrival count at count_ptr[b], which
+    # it leaves 0 for the next launch) forms b's scale from the parts and, where it is not 1, rewrites the whole
+    # matrix as x scale, rounded to x's dtype, then to out's
     b = tl.program_id(1)
     programs = tl.num_programs(0)
-    p = tl.arange(0, PARTS)
-    top = _top(tl.load(parts_ptr + b * programs + p, mask=p < programs, other=0.0))
-    scale = _scale_of(top, limit)
-    if tl.program_id(0) == 0:
+    base = b.to(tl.int64) * per_matrix
+    top = tl.zeros([BLOCK], dtype=parts_ptr.dtype.element_ty)
+    for start in range(tl.program_id(0) * BLOCK, per_matrix, programs * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < per_matrix
+        x = _widened(tl.load(x_ptr + base + offs, mask=inside, other=0.0))
+        tl.store(out_ptr + base + offs, _rounded(x, out_ptr.dtype.element_ty), mask=inside)
+        magnitude = tl.abs(x)
+        top = tl.where((magnitude > top) | (magnitude != magnitude), magnitude, top)  # a NaN stays
+    tl.store(parts_ptr + b * programs + tl.program_id(0), _top(top))
+    tl.debug_barrier()  # every thread's stores before the arrival (released by the atomic)
+    if tl.atomic_add(count_ptr + b, 1, sem="acq_rel") == programs - 1:
+        tl.atomic_xchg(count_ptr + b, 0)
+        p = tl.arange(0, PARTS)
+        whole = _top(tl.load(parts_ptr + b * programs + p, mask=p < programs, other=0.0, cache_modifier=".cg"))
+        scale = _scale_of(whole, limit)
         tl.store(scale_ptr + b, _rounded(scale, scale_ptr.dtype.element_ty))
-    if top > limit:
-        base = b.to(tl.int64) * per_matrix
-        for start in range(tl.program_id(0) * BLOCK, per_matrix, programs * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            inside = offs < per_matrix
-            x = tl.load(x_ptr + base + offs, mask=inside)
-            product = _widened(_rounded(_widened(x) * scale, x_ptr.dtype.element_ty))
-            tl.store(out_ptr + base + offs, _rounded(product, out_ptr.dtype.element_ty), mask=inside)
+        if whole > limit:  # (rare: entries near the dtype's range) this one program rewrites the matrix
+            for at in range(0, per_matrix, BLOCK):
+                rest = at + tl.arange(0, BLOCK)
+                within = rest < per_matrix
+                entry = tl.load(x_ptr + base + rest, mask=within)
+                product = _widened(_rounded(_widened(entry) * scale, x_ptr.dtype.element_ty))
+                tl.store(out_ptr + base + rest, _rounded(product, out_ptr.dtype.element_ty), mask=within)
 
 
 _EXACT = types.MappingProxyType({} if interpreted() else dict(enable_fp_fusion=False))
@@ -245,7 +242,7 @@ def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype,
     formed in f's precision and rounded to fp32 first (`torch.mul(x, f, out=<fp32>)`). The result has x's
     strides. One launch."""
     out = torch.empty_like(x, dtype=dtype)
-    per_matrix = x[0].numel()
+    per_matrix = x.size(1) * x.size(2)
     programs = min(PROGRAMS, triton.cdiv(per_matrix, BLOCK))
     f = denominators if factors is None else factors.contiguous()  # (an unread pointer without factors)
     launch(_divide, (programs, x.size(0)), x, denominators.contiguous(), f, out, per_matrix,
@@ -253,18 +250,47 @@ def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype,
     return out
 
 
-def scaled_and_cast(x: torch.Tensor, limit: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x scale rounded to `dtype`, scale [B, 1, 1] in x's dtype) for x [B, m, n] (fp32 or bf16, each
-    matrix a dense block of its own, in any order of its two dims; B > 0, m n > 0), dtype bf16, fp16 or fp32,
-    `limit` a float fp32 holds exactly: scale = norms.scale_of(max |entry| of the matrix, limit), the bits of
-    norms.py's `downscale` then `torch.mul(x, scale, out=torch.empty_like(x, dtype=dtype))` (the product in x's
-    precision, rounded to x's dtype, then to `dtype`). The result has x's strides. Two launches: the cast and
-    per-program largest entries, then the scales, with a second pass over the matrices whose scale is not 1."""
-    batch, per_matrix = x.size(0), x[0].numel()
+def scaled_and_cast(x: torch.Tensor, limit: float, dtype: torch.dtype, counts: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x scale rounded to `dtype`, scale [B, 1, 1] rounded to `dtype`) for x [B, m, n] (fp32 or bf16, each
+    matrix a dense block of its own, in any order of its two dims; 0 < B <= elementwise.GRID_ROWS, m n > 0), dtype
+    bf16, fp16 or fp32, `limit` a float fp32 holds exactly: scale = norms.scale_of(max |entry| of the matrix,
+    limit), the bits of norms.py's `downscale` then `torch.mul(x, scale, out=torch.empty_like(x, dtype=dtype))`
+    (the product in x's precision, rounded to x's dtype, then to `dtype`) and `scale.to(dtype)`. The result has
+    x's strides. One launch: the cast and per-program largest entries; each matrix's last program to finish (by
+    `counts`, B of `arrivals`) forms its scale and, where that is not 1, rewrites the matrix (a second pass, by
+    one program)."""
+    batch, per_matrix = x.size(0), x.size(1) * x.size(2)
     programs = min(PROGRAMS, triton.cdiv(per_matrix, BLOCK))
     out = torch.empty_like(x, dtype=dtype)
     parts = torch.empty(batch, programs, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
-    scale = torch.empty(batch, 1, 1, dtype=x.dtype, device=x.device)
-    launch(_cast_and_top, (programs, batch), x, out, parts, per_matrix, BLOCK=BLOCK)
-    launch(_rescale, (programs, batch), x, out, parts, scale, per_matrix, float(limit), PARTS=PROGRAMS, BLOCK=BLOCK)
+    scale = torch.empty(batch, 1, 1, dtype=dtype, device=x.device)
+    launch(_scaled_cast, (programs, batch), x, out, parts, counts, scale, per_matrix, float(limit),
+           PARTS=PROGRAMS, BLOCK=BLOCK)
     return out, scale
+
+
+ARRIVALS = 1 << 18
+"""Arrival counts in a device's ring (1 MiB of int32): launches take consecutive runs of it in turn."""
+
+_ARRIVALS: dict[str, list] = {}
+"""`arrivals`' ring [ARRIVALS] int32 and the start of the next run, by device: scratch, each count 0 at rest."""
+
+
+def arrivals(device: torch.device, count: int) -> torch.Tensor | None:
+    """`count` arrival counts (int32, each 0) for one launch of `_scaled_cast`, which leaves them 0: the next
+    run of the device's ring (from its start where the run would pass its end), so that launches in flight
+    together (a CUDA graph's side streams) count apart, and launches one after another (one stream) reuse
+    them. None under a CUDA graph's capture before the device has its ring: its zeroing would be captured, not
+    run (the caller takes the torch form)."""
+    if device.type == "meta":  # a rehearsal's (optimizers/launches.py): not kept
+        return torch.empty(count, dtype=torch.int32, device=device)
+    key = str(device)
+    if key not in _ARRIVALS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _ARRIVALS[key] = [torch.zeros(ARRIVALS, dtype=torch.int32, device=device), 0]
+    ring = _ARRIVALS[key]
+    start = ring[1] if ring[1] + count <= ARRIVALS else 0
+    ring[1] = start + -(-count // 16) * 16  # runs start 64-byte aligned: one specialization (optimizers/launches.py)
+    return ring[0][start:start + count]

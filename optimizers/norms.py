@@ -92,13 +92,15 @@ def downscale(x: torch.Tensor, dims: tuple[int, ...], limit: float) -> torch.Ten
 
 def scaled_and_cast(x: torch.Tensor, dims: tuple[int, ...], limit: float, dtype: torch.dtype,
                     kernels: Kernels = TORCH) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x scale in `dtype`, its Frobenius norm over `dims` (kept), scale): scale the power of two of
-    `downscale(x, dims, limit)`, 1 where every |entry| is within `limit`; the cast x scale has x's strides.
+    """(x scale in `dtype`, its Frobenius norm over `dims` (kept), scale in `dtype`, the norm's shape): scale the
+    power of two of `downscale(x, dims, limit)`, 1 where every |entry| is within `limit`; the cast x scale has
+    x's strides.
 
     Where `kernels` allow (optimizers/kernels.py; a stack [B, m, n] over its last two dims, the dtypes and
-    layouts of elementwise.scaled_and_cast), the cast and the scales come from two Triton launches, the bits
-    of the torch form below: one pass casts x and takes each matrix's largest |entry|, the second forms the
-    scales and rewrites only the matrices whose scale is not 1; then the norm of the cast.
+    layouts of elementwise.scaled_and_cast), the cast and the scales come from one Triton launch, the bits of
+    the torch form below: it casts x and takes each matrix's largest |entry|, and rewrites only the matrices
+    whose scale is not 1; then the norm of the cast. Launch for launch, that is the normaliser without the
+    overflow pass (cast, norm), and the scale's rounding to `dtype` is the one `denominator` would make.
     Else, on CPU, where reading a value costs no device synchronisation, the cast and its norm come first: a
     finite norm within limit / 2 bounds every |entry| of the matrix below `limit` (the halving covers the
     cast's and the norm's rounding), so its scale is 1 and the cast and norm are already the results, bit
@@ -114,10 +116,10 @@ def scaled_and_cast(x: torch.Tensor, dims: tuple[int, ...], limit: float, dtype:
         cast = x.to(dtype)
         norm = frobenius(cast, dims, keepdim=True)
         if bool((norm <= limit / 2).all()):
-            return cast, norm, torch.ones((), dtype=x.dtype)
+            return cast, norm, torch.ones_like(norm)
     scale = downscale(x, dims, limit)
     cast = torch.mul(x, scale, out=torch.empty_like(x, dtype=dtype))  # one pass: scaled and cast
-    return cast, frobenius(cast, dims, keepdim=True), scale
+    return cast, frobenius(cast, dims, keepdim=True), scale.to(dtype)
 
 
 def denominator(norm: torch.Tensor, factor: float, eps: float, scale: torch.Tensor) -> torch.Tensor:

@@ -187,11 +187,12 @@ def test_stats_belong_to_each_optimizer_and_a_fallback_warns_once(monkeypatch):
 
 def test_the_module_state_of_optimizers_is_the_documented_memoization_and_compile_record():
     """No module of optimizers/ keeps a switch or a counter: its module-level mutable objects are import and
-    table memoization and the process's record of its Triton compiles (each documented where it is defined);
+    table memoization, the process's record of its Triton compiles and a device's scratch counts (each
+    documented where it is defined);
     a new one fails this test. Negative control: the counter sees a planted dict."""
     expected = {"optimizers.optional": {"LOADED"}, "optimizers.launches": {"COMPILED", "FAILURES", "BACKGROUND"},
                 "optimizers.symmetric_triton": {"_PAIRS", "WARMING", "BROKEN"},
-                "optimizers.elementwise_triton": {"_TABLES"}}
+                "optimizers.elementwise_triton": {"_TABLES", "_ARRIVALS"}}
     found = {}
     for module in module_state.modules("optimizers"):
         names = [n for n in module_state.own_names(module) if hasattr(module, n) and not n.startswith("__")
