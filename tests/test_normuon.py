@@ -12,7 +12,7 @@ from cases import Case
 from harness.runner import run_case
 from harness.targets import load_target
 from optimizers import Muon, NorMuon
-from optimizers.algorithms.normuon import variance_shape
+from optimizers.algorithms.normuon import normalise_rows, restore_factor, variance_shape
 from optimizers.checkpoint import LAYOUT_VERSION
 from oracles import Conventions, NorMuonHyper, Orthogonalizer, initial_variance, reference_normuon_step
 
@@ -228,3 +228,22 @@ def test_a_checkpoint_with_a_negative_variance_is_refused():
     with pytest.raises(ValueError, match="variance"):
         opt.load_state_dict(bad)
     assert torch.equal(opt.state[p]["variance"], next(iter(saved["state"].values()))["variance"])
+
+
+def test_the_restore_factor_is_the_norm_ratio_and_zero_only_for_a_zero_normalised_update():
+    """||O|| / ||N|| per matrix: a normalised norm of exactly 1 restores by ||O|| (the `norm_n == 1` mutant zeroed
+    it and survived every case), 0 where ||N|| = 0, NaN kept."""
+    got = restore_factor(torch.tensor([[2.0], [3.0], [0.0], [math.nan]]), torch.tensor([[1.0], [4.0], [0.0], [2.0]]))
+    assert got[:3].flatten().tolist() == [2.0, 0.75, 0.0] and got[3].isnan().all()
+
+
+def test_an_empty_megabatch_is_returned_and_a_one_entry_parameter_still_updates_its_variance():
+    """The empty-update guard returns an empty megabatch as it is (no variances to stack); a parameter of one
+    entry is normalised like any other, its variance buffer updated (mutants of the guard, `numel() == 1` and
+    guards never taken, survived every case)."""
+    group = {"flatten": False, "beta2": 0.95, "variance_eps": 1e-8}
+    empty = torch.empty(0, 4, 6)
+    assert normalise_rows(empty, [], group) is empty
+    variance = torch.zeros(1, 1)
+    out = normalise_rows(torch.tensor([[[0.5]]]), [variance], group)
+    assert variance.item() == pytest.approx(0.05 * 0.25) and out.item() == pytest.approx(0.5)
