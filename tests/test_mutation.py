@@ -145,6 +145,22 @@ def test_the_modules_own_tests_judge_first_however_slow():
         "tests/test_x.py::b", "tests/test_x.py::slow"]
 
 
+def test_tests_named_for_the_lines_rarest_identifier_judge_before_cheaper_ones():
+    """A line every case runs with a branch only some reach (`shape[0] // self.num_heads`): after the module's own
+    tests, the tests named for its rarest identifier come first, however slow; a common one (shape) weighs less;
+    tests named for nothing keep cheapest first. Without the line's text, cheapest first (the negative control)."""
+    reach = fake_reach()
+    line = ["tests/test_a.py::test_shape_cheap", "tests/test_b.py::test_num_heads_alone", "tests/test_c.py::test_fast",
+            "tests/test_d.py::test_shape_other", "tests/test_x.py::own"]
+    reach.lines["optimizers/x.py"][5] = ([], line)
+    reach.test_seconds.update(zip(line, [0.2, 9.0, 0.1, 0.3, 5.0]))
+    text = "return as_matrices(stack, self.flatten, None if self.num_heads is None else shape[0] // self.num_heads)"
+    assert selection.plan(reach, "optimizers/x.py", 5, reach.gloo_cases, 40, 4, 3, text=text).tests == [
+        "tests/test_x.py::own", "tests/test_b.py::test_num_heads_alone", "tests/test_a.py::test_shape_cheap"]
+    assert selection.plan(reach, "optimizers/x.py", 5, reach.gloo_cases, 40, 4, 3).tests == [
+        "tests/test_x.py::own", "tests/test_c.py::test_fast", "tests/test_a.py::test_shape_cheap"]
+
+
 def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     reach = fake_reach()
     p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 40)

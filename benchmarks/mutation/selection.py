@@ -9,7 +9,9 @@
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
   most `max_tests` (the checkpoint checks are such tests), the module's own test file's among them first
   (tests/test_<module>.py: the cheapest tests of a line every step runs are other modules' tests, and the
-  expensive one written for it, such as a large matrix's norm, would never be chosen);
+  expensive one written for it, such as a large matrix's norm, would never be chosen), then the tests named for
+  the line's rarest identifiers (`naming`: a line every case runs can mutate a branch only some reach, such as
+  matrix_view.py's `shape[0] // self.num_heads`, whose 40 cheapest tests held no test of num_heads);
 - code that runs when the module is imported (its constants, default tables and declarations,
   `import_lines`: the map sees it run under no case or test, or a table's later lines not at all): every
   case that executes any line of the module, cheapest first, and its cheapest `max_tests` tests. A changed
@@ -21,7 +23,10 @@ A line nothing executes gets no judge at all, and its mutants survive as unreach
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
+import keyword
+import re
 from dataclasses import dataclass, field
 
 from benchmarks.mutation.reach import Reach
@@ -85,10 +90,30 @@ def import_lines(source: str) -> frozenset[int]:
     return frozenset(lines)
 
 
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
+"""A name of four characters or more: what a test's name can be named for."""
+
+UNNAMED = frozenset(w.lower() for w in [*keyword.kwlist, *dir(builtins), "self", "torch"])
+"""Identifiers no test is named for."""
+
+
+def naming(text: str, tests: list[str]) -> dict[str, float]:
+    """Per test, how much its name (lower case) is named for the identifiers of `text` (a mutated line): each
+    identifier it holds counts 1 / the number of `tests` holding it, so the rarest weigh most; 0 for none."""
+    names = {t: t.lower() for t in tests}
+    score = dict.fromkeys(tests, 0.0)
+    for word in {w.lower() for w in IDENTIFIER.findall(text)} - UNNAMED:
+        holding = [t for t, name in names.items() if word in name]
+        for t in holding:
+            score[t] += 1.0 / len(holding)
+    return score
+
+
 def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases: int, max_gloo: int,
-         max_tests: int, imported: frozenset[int] = frozenset()) -> Plan:
+         max_tests: int, imported: frozenset[int] = frozenset(), text: str = "") -> Plan:
     """The judges of a mutant of `module` at `line` (see the module docstring); `gloo_cases` are the
-    distributed case ids of the CI tier, in tier order; `imported`: the module's `import_lines`."""
+    distributed case ids of the CI tier, in tier order; `imported`: the module's `import_lines`; `text`: the
+    lines it mutates."""
     cases, tests = reach.cases(module, line), reach.tests(module, line)
     case_limit = max_cases
     ran_at_import = line in imported or line in reach.lines.get(module, {})
@@ -99,7 +124,9 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
         case_limit = len(cases)
     cases = sorted(cases, key=lambda c: (reach.case_seconds[c], c))[:case_limit]
     own = f"tests/test_{module.rsplit('/', 1)[-1].removesuffix('.py')}"
-    tests = sorted(tests, key=lambda t: (not t.startswith((own + ".py::", own + "_")), reach.test_seconds[t], t))
+    score = naming(text, tests)
+    tests = sorted(tests, key=lambda t: (not t.startswith((own + ".py::", own + "_")), -score[t],
+                                         reach.test_seconds[t], t))
     tests = tests[:max_tests]
     gloo: list[str] = []
     if not cases and not tests and module.startswith("optimizers/"):

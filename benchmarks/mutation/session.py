@@ -153,7 +153,8 @@ class Session:
             while queue and free and time.monotonic() - start < budget_s:
                 mutant, w = queue.pop(0), free.pop()
                 p = selection.plan(the_map, mutant.module, mutant.line, the_map.gloo_cases, limits.max_cases,
-                                   limits.max_gloo, limits.max_tests, selection.import_lines(originals[mutant.module]))
+                                   limits.max_gloo, limits.max_tests, selection.import_lines(originals[mutant.module]),
+                                   mutant.before)
                 if p.empty:
                     self.record(_verdict(mutant, "survived", "no judge executes this line", 0.0))
                     free.append(w)
