@@ -12,7 +12,7 @@ slows both alike), one thread.
 With --device (cuda; cpu for a smoke run of the same tables), what the overflow-safe forms off CPU (no host
 synchronisation, CUDA graphs stay valid) cost there: the torch form (`downscale`, then the scaled cast: the
 largest-entry pass always runs) and the form shipped where the Triton kernels run (`scaled_and_cast` with the
-kernels fused=None takes: a cast launch that also takes each matrix's largest entry, then a scale launch), two
+kernels fused=None takes: one launch that casts, takes each matrix's largest entry and scales where it must), two
 tables:
   1. per stack, the megabatches of GPT-2 small, ConvNeXt-T and the 24-layer set (benchmarks/gpu_step.py's sets,
      --scale shrinking every dim), in fp32 as Muon stacks its fp32 momentum, cast to the device's default
