@@ -1,0 +1,63 @@
+"""optimizers/orthogonalize.py: its refusals and the entry count its overflow limit is taken for (found by
+mutation runs: each mutant here passed every case and test that reached its line)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimizers import gram_newton_schulz as gram
+from optimizers.orthogonalize import orthogonalize
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (1, 2, 64, 256)])
+def test_anything_but_a_stack_of_matrices_is_refused_naming_its_shape(shape):
+    """`x.ndim != 3` (its `< 3` and `> 3` mutants let a 4-D or a 2-D input through)."""
+    with pytest.raises(ValueError, match=r"expected a stack of matrices \[B, m, n\], got shape"):
+        orthogonalize(torch.ones(shape), "polar_express", 5, 1e-7, torch.float32)
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_norms_of_another_count_are_refused(count):
+    """One norm per matrix: more or fewer are refused (a `<` for the `!=` of the shapes let more through)."""
+    with pytest.raises(ValueError, match="one per matrix"):
+        orthogonalize(torch.ones(3, 8, 16), "gram_newton_schulz", 5, 1e-7, torch.float32, norms=torch.ones(count))
+
+
+@pytest.mark.parametrize("name", ["polar_express", "newton_schulz"])
+def test_entries_whose_squares_overflow_only_summed_over_the_whole_matrix_are_scaled(name):
+    """A 64 x 256 fp32 matrix of entries +-2^58: each entry and each row's squares are far from fp32's range,
+    but the sum of all 16,384 squares, 2^130, overflows it. The overflow limit is taken for the matrix's entry
+    count (m n: 2^55 here); a count of m + n (2^58) or fewer left the matrix unscaled and the update 0. The
+    result is the unscaled matrix's (orthogonalization ignores scale; the scaling is a power of two)."""
+    signs = torch.where(torch.randn(1, 64, 256, generator=torch.Generator().manual_seed(0)) > 0, 1.0, -1.0)
+    want = orthogonalize(signs, name, 5, 1e-7, torch.float32)
+    got = orthogonalize(signs * 2.0 ** 58, name, 5, 1e-7, torch.float32)
+    assert bool(got.isfinite().all()) and got.abs().max() > 0.1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, runs_on", [((2, 40, 24), (2, 24, 40)), ((2, 24, 40), (2, 24, 40)),
+                                            ((2, 24, 24), (2, 24, 24))])
+def test_a_tall_stack_is_orthogonalized_as_its_transpose(shape, runs_on, monkeypatch):
+    """The iteration runs on the short side's Gram: a tall stack's transpose, a wide or square stack as it is
+    (the orientation test's mutants moved it to the long side or never transposed)."""
+    seen = []
+    original = gram.standard_steps
+    monkeypatch.setattr(gram, "standard_steps", lambda x, *a, **k: seen.append(tuple(x.shape)) or original(x, *a, **k))
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    got = orthogonalize(x, "polar_express", 5, 1e-7, torch.float32)
+    assert seen == [runs_on] and got.shape == x.shape
+
+
+@pytest.mark.parametrize("name", ["svd", "gram_newton_schulz"])
+def test_a_name_built_at_run_time_takes_its_orthogonalizer(name):
+    """A name read from a config is equal to, not the same object as, the literal: `is` in place of `==`
+    dispatched it to the wrong orthogonalizer (or refused Gram NS's known norms)."""
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    built = "".join(list(name))
+    assert built == name and built is not name
+    norms = torch.linalg.matrix_norm(x) if name == "gram_newton_schulz" else None
+    got = orthogonalize(x, built, 5, 1e-7, torch.float64, norms=norms)
+    assert torch.equal(got, orthogonalize(x, name, 5, 1e-7, torch.float64, norms=norms))
+    assert not torch.equal(got, orthogonalize(x, "polar_express", 5, 1e-7, torch.float64))
