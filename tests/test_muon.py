@@ -165,3 +165,19 @@ def test_adamw_group_matches_torch_adamw():
         ref.step()
     for p, q in zip(a, b):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_the_default_compute_dtype_is_bf16_on_cuda_and_fp32_elsewhere():
+    """The documented default (a flipped or reordered comparison survived its mutation run: no single-process
+    case reached the line, and its 40 tests did not look at the dtype)."""
+    from optimizers.algorithms.muon import default_compute_dtype
+    assert default_compute_dtype(torch.device("cuda")) == torch.bfloat16
+    assert [default_compute_dtype(torch.device(d)) for d in ("cpu", "meta")] == [torch.float32, torch.float32]
+
+
+@pytest.mark.parametrize("name", ["gram_newton_schulz", "polar_express", "newton_schulz", "svd"])
+def test_only_gram_newton_schulz_takes_the_momentum_launchs_norms(name):
+    """Its normaliser is formed in at least fp32 and divides by given norms; the others form theirs in the compute
+    dtype and refuse norms (optimizers/orthogonalize.py). The launch runs on CUDA only, so no CPU case sees it."""
+    from optimizers.algorithms.muon import takes_norms
+    assert takes_norms({"orthogonalizer": name}) == (name == "gram_newton_schulz")
