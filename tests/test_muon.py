@@ -181,3 +181,39 @@ def test_only_gram_newton_schulz_takes_the_momentum_launchs_norms(name):
     dtype and refuse norms (optimizers/orthogonalize.py). The launch runs on CUDA only, so no CPU case sees it."""
     from optimizers.algorithms.muon import takes_norms
     assert takes_norms({"orthogonalizer": name}) == (name == "gram_newton_schulz")
+
+
+@pytest.mark.parametrize("steps, ok", [(1, True), (7, True), (None, True), (0, False), (-1, False), (2.0, False),
+                                       (True, False)])
+def test_ns_steps_is_a_positive_int_or_none(steps, ok):
+    """Every positive number of steps is taken, one included (`!= 1` and `<= 1` survived: the cases keep the
+    schedule's own count)."""
+    p = torch.nn.Parameter(torch.randn(4, 6))
+    if ok:
+        Muon([p], ns_steps=steps)
+    else:
+        with pytest.raises(ValueError, match="ns_steps must be a positive integer or None"):
+            Muon([p], ns_steps=steps)
+
+
+def test_num_heads_is_refused_for_a_parameter_of_more_than_two_dims():
+    """Heads split a 2-D parameter's rows; a convolution has no head blocks (`p.ndim < 2` let it through)."""
+    with pytest.raises(ValueError, match=r"parameter 0 of shape \(8, 4, 3, 3\) does not split into num_heads=2"):
+        Muon([torch.nn.Parameter(torch.randn(8, 4, 3, 3))], num_heads=2)
+
+
+@pytest.mark.parametrize("name", ["gram_newton_schulz", "polar_express", "newton_schulz", "svd"])
+def test_an_orthogonalizer_named_at_run_time_steps_as_its_literal(name):
+    """A name read from a config equals the literal but is another object: `is` for `==` in the options' checks
+    refused Gram NS's coefficients or took another path."""
+    built = "".join(list(name))
+    assert built == name and built is not name
+    coefficients = {"ns_coefficients": "polar_express"} if name == "gram_newton_schulz" else {}
+    results = []
+    for label in (built, name):
+        g = torch.Generator().manual_seed(3)
+        p = torch.nn.Parameter(torch.randn(12, 20, generator=g, dtype=torch.float64))
+        p.grad = torch.randn(12, 20, generator=g, dtype=torch.float64)
+        Muon([p], orthogonalizer=label, **coefficients).step()
+        results.append(p.detach().clone())
+    assert torch.equal(*results)
