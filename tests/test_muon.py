@@ -217,3 +217,27 @@ def test_an_orthogonalizer_named_at_run_time_steps_as_its_literal(name):
         Muon([p], orthogonalizer=label, **coefficients).step()
         results.append(p.detach().clone())
     assert torch.equal(*results)
+
+
+@pytest.mark.parametrize("option, value, ok, match", [
+    ("momentum", -0.5, False, r"momentum=-0\.5 is outside \[0\.0, 1\.0\)"),
+    ("momentum", 0.0, True, None),
+    ("eps", -1e-8, False, r"eps=-1e-08 is outside \[0\.0, inf\]"),
+    ("eps", 0.0, True, None),
+    ("gram_restarts", (0, 2), True, None),
+    ("gram_restarts", (-1,), False, "gram_restarts must be a tuple of step indices >= 0"),
+    ("gram_restarts", (True,), False, "gram_restarts must be a tuple of step indices >= 0"),
+    ("num_heads", 1, True, None),
+    ("num_heads", True, False, "num_heads must be a positive integer or None"),
+    ("num_heads", 0, False, "num_heads must be a positive integer or None"),
+    ("ns_coefficients", "newton_schulz", False, r"\(or None: polar_express\)"),
+])
+def test_each_options_bound_is_where_its_documentation_puts_it(option, value, ok, match):
+    """The edges of the options' ranges, each way (their mutants, a bound moved by one or a test of bool dropped,
+    survived every case: the cases pass values inside). The coefficients' refusal names the default schedule."""
+    p = torch.nn.Parameter(torch.randn(4, 6))
+    if ok:
+        Muon([p], **{option: value})
+    else:
+        with pytest.raises(ValueError, match=match):
+            Muon([p], **{option: value})
