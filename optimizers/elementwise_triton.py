@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import types
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -273,8 +274,16 @@ def scaled_and_cast(x: torch.Tensor, limit: float, dtype: torch.dtype, counts: t
 ARRIVALS = 1 << 18
 """Arrival counts in a device's ring (1 MiB of int32): launches take consecutive runs of it in turn."""
 
-_ARRIVALS: dict[str, list] = {}
-"""`arrivals`' ring [ARRIVALS] int32 and the start of the next run, by device: scratch, each count 0 at rest."""
+@dataclass
+class _Ring:
+    """A device's arrival counts [ARRIVALS] int32, each 0 at rest, and where the next launch's run starts."""
+
+    counts: torch.Tensor
+    start: int = 0
+
+
+_ARRIVALS: dict[str, _Ring] = {}
+"""`arrivals`' rings by device: scratch."""
 
 
 def arrivals(device: torch.device, count: int) -> torch.Tensor | None:
@@ -289,8 +298,8 @@ def arrivals(device: torch.device, count: int) -> torch.Tensor | None:
     if key not in _ARRIVALS:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _ARRIVALS[key] = [torch.zeros(ARRIVALS, dtype=torch.int32, device=device), 0]
+        _ARRIVALS[key] = _Ring(torch.zeros(ARRIVALS, dtype=torch.int32, device=device))
     ring = _ARRIVALS[key]
-    start = ring[1] if ring[1] + count <= ARRIVALS else 0
-    ring[1] = start + -(-count // 16) * 16  # runs start 64-byte aligned: one specialization (optimizers/launches.py)
-    return ring[0][start:start + count]
+    start = ring.start if ring.start + count <= ARRIVALS else 0
+    ring.start = start + -(-count // 16) * 16  # runs start 64-byte aligned: one specialization (optimizers/launches.py)
+    return ring.counts[start:start + count]
