@@ -1,4 +1,4 @@
-"""One CUDA graph per plan for its small megabatch orthogonalizations (the group option `cuda_graphs=True`).
+"""One CUDA graph per plan for its megabatch orthogonalizations (the group option `cuda_graphs`).
 
 A polynomial orthogonalization of one megabatch is ~30 kernel launches (normalise, then per step
 X Xᵀ, bA + cA², and the product with X); on sets of many small matrices (GPT-2 small, ConvNeXt) a
@@ -12,17 +12,17 @@ itself, read where it lies, with the norms the momentum launch formed of it in a
 refreshed before the replay, as the eager step divides by them) and writes a fixed output buffer (read by
 the step's apply before the next replay, which comes only in the next step, on the same stream).
 
-Captured: a megabatch in one process (no exchange) on CUDA of a group with cuda_graphs=True whose matrix
-stages select every matrix whole and declare an orthogonalize stage that reads only its input and that a graph
-may capture (optimizers/algorithms/stages.py `Orthogonalize.captured`: Muon's and NorMuon's, with an
+Captured: a megabatch in one process (no exchange) on CUDA of a group whose cuda_graphs is not False, whose
+matrix stages select every matrix whole and declare an orthogonalize stage that reads only its input and that a
+graph may capture (optimizers/algorithms/stages.py `Orthogonalize.captured`: Muon's and NorMuon's, with an
 orthogonalizer in optimizers.algorithms.muon.CAPTURED, and wrappings of it), with at most `MAX_NUMEL` elements
-per stack (above that the GPU is the bound and a graph would only hold memory); optimizers/plan.py decides it
-(`Paths.graphs`, `capturable`). Gram Newton–Schulz reads a divergence flag on the host, which a graph
-cannot: under capture it records each megabatch's flags on the device instead
-(gram_newton_schulz.deferred_checks), and they are read together after the replay, before any result
-is applied (one synchronisation per step; eager reads one per megabatch, behind the next megabatch's work:
-optimizers/plan.py `Pending`); a megabatch whose
-matrices diverged is recomputed eagerly, where the standard-iteration fallback runs.
+per stack under cuda_graphs=None (above that the GPU is the bound and a graph would only hold memory; True
+captures any size); optimizers/plan.py decides it (`Paths.graphs`, `capturable`). Gram Newton–Schulz reads a
+divergence flag on the host, which a graph cannot: under capture it records each megabatch's flags on the
+device instead (gram_newton_schulz.deferred_checks), and they are read together after the replay, before any
+result is applied (one synchronisation per step; eager reads one per megabatch, behind the next megabatch's
+work: optimizers/plan.py `Pending`); a megabatch whose matrices diverged is recomputed eagerly, where the
+standard-iteration fallback runs.
 Not captured: SVD (cuSOLVER checks its info on the host), undeclared stages and every other algorithm;
 these run eagerly. A graph replays exactly the kernels the eager calls run, on the same inputs, each
 megabatch's in its own order on one stream, so its results are the eager ones bit for bit.
@@ -30,7 +30,9 @@ megabatch's in its own order on one stream, so its results are the eager ones bi
 The graph belongs to one validated plan (optimizers/plan.py): a new plan (a changed parameter, option or
 state entry) starts with none. A plan's first step runs eagerly; its second captures (after two
 warm-up runs of the same streams, as torch's CUDA-graph notes ask); later steps replay. A capture that
-fails leaves the plan eager for its lifetime: the step still completes (its checks ran before).
+fails leaves the plan eager for its lifetime, warns and counts (`Stats.capture_failures`): the step still
+completes (its checks ran before). A step the caller is itself capturing (`caller_capturing`) runs eagerly
+into the caller's graph.
 
 Measured on one H200 (torch 2.11; docs/performance.md §4):
 every capturable megabatch of ConvNeXt-T (17) in one graph took 2.59 ms on one stream, 2.04 / 1.83 /
@@ -40,6 +42,7 @@ megabatches 4.50, 4.37, 4.59, 4.50 ms (Gram: 3.31, 3.09, 3.07, 3.13).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,15 +65,23 @@ Key = tuple[int, int]
 Update = Callable[[torch.Tensor], torch.Tensor]
 
 
-def capturable(stack: torch.Tensor) -> bool:
+def capturable(stack: torch.Tensor, every: bool = False) -> bool:
     """True when a megabatch update of `stack`, of a group whose stages a graph may capture (optimizers/plan.py
     `Paths.graphs`), may be captured: on CUDA, and `fits`."""
-    return stack.device.type == "cuda" and fits(stack.numel())
+    return stack.device.type == "cuda" and fits(stack.numel(), every)
 
 
-def fits(numel: int) -> bool:
-    """The device-free part of `capturable`: a stack of 1 to MAX_NUMEL elements."""
-    return 0 < numel <= MAX_NUMEL
+def fits(numel: int, every: bool = False) -> bool:
+    """The device-free part of `capturable`: a stack of 1 to MAX_NUMEL elements (cuda_graphs=None), or of
+    any size from 1 (`every`: cuda_graphs=True)."""
+    return 0 < numel and (every or numel <= MAX_NUMEL)
+
+
+def caller_capturing() -> bool:
+    """True while the current CUDA stream is being captured by the caller (a training step captured whole, as
+    torch's CUDA-graph notes show): a plan's own graph is then neither captured nor replayed (a capture cannot
+    nest), and its megabatches are recorded eagerly into the caller's graph."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def stacked_block(members: list[torch.Tensor]) -> torch.Tensor | None:
@@ -173,6 +184,11 @@ class PlanGraphs:
             except Exception as exc:  # noqa: BLE001 - an uncapturable plan stays eager; the step goes on
                 self.members.update(dict.fromkeys(waiting))
                 self.failures.append(f"megabatches {sorted(waiting)}: {type(exc).__name__}: {exc}")
+                stats = counters.current()
+                if stats is not None:
+                    stats.capture_failures += 1
+                warnings.warn(f"capturing the step's CUDA graph failed ({self.failures[-1]}); this plan steps "
+                              "eagerly (the same bits, more launches)", RuntimeWarning, stacklevel=4)
                 return {key: m.run() for key, m in waiting.items()}
             self.members.update(waiting)
         self._replay()

@@ -36,11 +36,11 @@ kernels (optimizers/kernels.py); `cuda_graphs`, one CUDA graph per plan (optimiz
 
 def check_execution(index: int, group: dict[str, Any]) -> None:
     """fused is None or a bool, and with True the kernels reach every parameter (kernels.check); cuda_graphs is
-    a bool."""
+    None or a bool."""
     where = f"param group {index}"
     kernels.check(where, group["fused"], group["params"])
-    if not isinstance(group["cuda_graphs"], bool):
-        raise TypeError(f"{where}: cuda_graphs must be a bool, got {group['cuda_graphs']!r}")
+    if not (group["cuda_graphs"] is None or isinstance(group["cuda_graphs"], bool)):
+        raise TypeError(f"{where}: cuda_graphs must be None, True or False, got {group['cuda_graphs']!r}")
 
 
 def check_group(index: int, group: dict[str, Any]) -> Algorithm:

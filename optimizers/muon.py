@@ -21,7 +21,7 @@ from optimizers.algorithms import REGISTRY, Algorithm, resolve
 from optimizers.algorithms.adamw import ADAMW
 from optimizers.algorithms.muon import MUON
 from optimizers.counters import Stats, counting
-from optimizers.graphs import PlanGraphs
+from optimizers.graphs import PlanGraphs, caller_capturing
 from optimizers.groups import check_group, check_scalars, filled
 from optimizers.validation import check_layouts
 
@@ -71,11 +71,16 @@ class Muon(torch.optim.Optimizer):
         against the oracle. There is no `foreach` option: the batched torch._foreach_* passes are taken
         wherever they give the per-parameter bits (fp32/fp64 tensors, stages that declare them), the
         per-parameter passes elsewhere.
-      cuda_graphs: group option: replay the orthogonalizations of the group's small single-process
+      cuda_graphs: group option, as `fused`: replay the orthogonalizations of the group's single-process
         megabatches on CUDA from the plan's one CUDA graph, one launch instead of ~30 per megabatch, the
         megabatches side by side on parallel streams (polynomial orthogonalizers only; the same bits as
-        eager; optimizers/graphs.py). Per group: the graph holds the megabatches of the groups that ask
-        for it, and the others run eagerly beside it. Off CUDA it changes nothing. Default False.
+        eager; optimizers/graphs.py). None (default) captures the stacks of up to graphs.MAX_NUMEL
+        elements, where the host's launches are the bound (larger ones keep the GPU busy eagerly and would
+        only hold memory in the graph); True captures every stack; False none. A plan's first step runs
+        eagerly, its second captures, later ones replay; a step that the caller is itself capturing records
+        eagerly into the caller's graph; a capture that fails warns, counts in `stats.capture_failures` and
+        leaves the plan eager. Per group: the graph holds the megabatches of the groups that allow it, and
+        the others run eagerly beside it. Off CUDA it changes nothing.
       options: options of the other registered algorithms (NorMuon's beta2 and variance_eps, Dion2's
         fraction, ef_decay and selection_scope); a group's missing options default from its record.
 
@@ -104,7 +109,7 @@ class Muon(torch.optim.Optimizer):
                  betas: tuple[float, float] = ADAMW.defaults["betas"],
                  adamw_eps: float = ADAMW.defaults["adamw_eps"], algorithm: str | Algorithm = "muon",
                  tp_mode: str = MUON.defaults["tp_mode"], tp_dim: str = "tp", fused: bool | None = None,
-                 cuda_graphs: bool = False, **options: Any) -> None:
+                 cuda_graphs: bool | None = None, **options: Any) -> None:
         known = {k for a in REGISTRY.values() for k in a.defaults}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -175,7 +180,7 @@ class Muon(torch.optim.Optimizer):
         with counting(self.stats):
             plans = self._plan()
             graphs = self._cached.graphs
-            plan.execute(plans, self.state, graphs)
+            plan.execute(plans, self.state, None if caller_capturing() else graphs)
         graphs.armed = True
         return loss
 
@@ -219,7 +224,7 @@ class Muon(torch.optim.Optimizer):
 class _Cached:
     """A validated plan and what it was made from (optimizers.plan.cache_key); `held` keeps the state
     tensors the key names by id alive, so their ids cannot be reused; `graphs`: the plan's CUDA graph
-    (of the megabatches of its groups with cuda_graphs=True)."""
+    (of the megabatches of its groups whose cuda_graphs allows one)."""
 
     key: tuple
     held: list

@@ -67,8 +67,8 @@ class Paths:
       may then be the live block;
     apply: the declared apply record (its foreach and fused forms, its widening), or None;
     direct: the orthogonalized result may be applied in its compute dtype (`direct_dtype`);
-    graphs: the megabatch updates may be captured in the plan's CUDA graph (the group's cuda_graphs, a
-      reading-only orthogonalize declared `captured` for the group);
+    graphs: the megabatch updates may be captured in the plan's CUDA graph (the group's cuda_graphs not False,
+      a reading-only orthogonalize declared `captured` for the group);
     rehearsed: the megabatches' shapes are known before the step (a whole select), so a rehearsal on meta
       tensors (`rehearse`) notes the kernels they launch.
     """
@@ -94,7 +94,7 @@ def paths(algorithm: Algorithm, group: dict[str, Any]) -> Paths:
     reads_only = whole and orthogonalize is not None and orthogonalize.reads_only
     direct = (reads_only and orthogonalize.direct is not None and algorithm.postprocess is None
               and apply is not None and apply.widens and view.num_heads is None)
-    graphs = (group["cuda_graphs"] and reads_only and orthogonalize.captured is not None
+    graphs = (group["cuda_graphs"] is not False and reads_only and orthogonalize.captured is not None
               and orthogonalize.captured(group))
     return Paths(view, direction if direction is not None and direction.batched is not None else None,
                  None if direction is None else direction.buffer, orthogonalize, reads_only, apply, direct,
@@ -231,7 +231,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                     and takes_norms(route, group, batch.shape)):
                 given = elementwise.norms(parts[starts[number]:starts[number + 1]])
             if graphs is not None and route.graphs:
-                result = graphs.submit(key, update, members, capturable, given)
+                eligible = functools.partial(capturable, every=group["cuda_graphs"] is True)
+                result = graphs.submit(key, update, members, eligible, given)
                 if result is None:  # from the graph's replay
                     waiting.append((key, finish))
                 else:

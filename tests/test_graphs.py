@@ -1,4 +1,4 @@
-"""The group option cuda_graphs=True (optimizers/graphs.py): which groups and megabatches are captured, the
+"""The group option cuda_graphs (optimizers/graphs.py): which groups and megabatches are captured, the
 plan's eager / capture / replay sequence, a failed capture left eager, the streams' assignment, and the
 option's check. The CUDA graphs themselves: tests/test_perf_cuda.py (bitwise equal to eager on a GPU)."""
 
@@ -46,13 +46,16 @@ def test_which_groups_are_captured(algorithm, orthogonalizer, expected):
     p = torch.nn.Parameter(torch.zeros(4, 6))
     group = Muon([p], orthogonalizer=orthogonalizer, cuda_graphs=True).param_groups[0]
     assert plan.paths(algorithm, group).graphs is expected
+    assert plan.paths(algorithm, {**group, "cuda_graphs": None}).graphs is expected
     assert plan.paths(algorithm, {**group, "cuda_graphs": False}).graphs is False
 
 
 @pytest.mark.parametrize("numel, expected", [(60, True), (graphs.MAX_NUMEL, True), (graphs.MAX_NUMEL + 1, False),
                                              (0, False)])
 def test_which_stacks_are_captured(numel, expected):
+    """cuda_graphs=None captures stacks of 1 to MAX_NUMEL elements; True any non-empty one."""
     assert graphs.fits(numel) is expected
+    assert graphs.fits(numel, every=True) is (numel > 0)
 
 
 def test_nothing_is_captured_off_cuda():
@@ -85,12 +88,12 @@ def fake_cuda(monkeypatch):
     CAPTURES.clear()
     monkeypatch.setattr(graphs.PlanGraphs, "_capture", fake_capture)
     monkeypatch.setattr(graphs.PlanGraphs, "_replay", fake_replay)
-    monkeypatch.setattr("optimizers.plan.capturable", lambda stack: graphs.fits(stack.numel()))
+    monkeypatch.setattr("optimizers.plan.capturable", lambda stack, every=False: graphs.fits(stack.numel(), every))
 
 
 def test_a_plan_runs_eagerly_then_captures_then_replays_with_the_eager_results(fake_cuda):
     with_graphs, ps = make(cuda_graphs=True)
-    eager, qs = make()
+    eager, qs = make(cuda_graphs=False)
     for step in range(5):
         with_graphs.step()
         eager.step()
@@ -156,7 +159,8 @@ def test_cuda_graphs_is_a_group_option(fake_cuda):
         ps = [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in SHAPES]
         for p in ps:
             p.grad = torch.randn(p.shape, generator=g)
-        opt = Muon([{"params": ps[:2], "cuda_graphs": graphed}, {"params": ps[2:]}], flatten=True)
+        opt = Muon([{"params": ps[:2], "cuda_graphs": graphed}, {"params": ps[2:], "cuda_graphs": False}],
+                   flatten=True)
         return opt, ps
     with_graphs, ps = two_groups(True)
     eager, qs = two_groups(False)
@@ -177,7 +181,7 @@ def test_gram_is_captured_with_its_divergence_check_after_the_replay(fake_cuda, 
     for diverged in (gram.DIVERGED, 0.0):
         monkeypatch.setattr(gram, "DIVERGED", diverged)
         with_graphs, ps = make(cuda_graphs=True, orthogonalizer="gram_newton_schulz")
-        eager, qs = make(orthogonalizer="gram_newton_schulz")
+        eager, qs = make(cuda_graphs=False, orthogonalizer="gram_newton_schulz")
         counts = []
         for opt in (with_graphs, eager):
             with pytest.warns(RuntimeWarning) if diverged == 0.0 else contextlib.nullcontext():
@@ -194,7 +198,7 @@ def steps_alike(steps: int):
     """Step Muon(cuda_graphs=True) and the eager Muon side by side on the same set; every parameter
     bitwise equal after `steps` steps. Returns the one with graphs."""
     with_graphs, ps = make(cuda_graphs=True)
-    eager, qs = make()
+    eager, qs = make(cuda_graphs=False)
     for _ in range(steps):
         with_graphs.step()
         eager.step()
@@ -206,9 +210,11 @@ def test_a_failed_capture_leaves_the_plan_eager_and_the_step_complete(fake_cuda,
     def refuse(self, members):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(graphs.PlanGraphs, "_capture", refuse)
-    with_graphs = steps_alike(4)
+    with pytest.warns(RuntimeWarning, match="capturing the step's CUDA graph failed .*operation not permitted"):
+        with_graphs = steps_alike(4)
     plan_graphs = with_graphs._cached.graphs
     assert len(plan_graphs.failures) == 1 and "operation not permitted" in plan_graphs.failures[0]
+    assert with_graphs.stats.capture_failures == 1
     assert set(plan_graphs.members.values()) == {None} and len(plan_graphs.members) == 3 and plan_graphs.replays == 0
 
 
@@ -217,12 +223,12 @@ def test_off_cuda_the_option_changes_nothing():
     assert set(with_graphs._cached.graphs.members.values()) == {None} and with_graphs._cached.graphs.graph is None
 
 
-def test_cuda_graphs_must_be_a_bool():
+def test_cuda_graphs_must_be_none_or_a_bool():
     p = torch.nn.Parameter(torch.zeros(3, 3))
-    with pytest.raises(TypeError, match=r"param group 0: cuda_graphs must be a bool, got 'yes'"):
+    with pytest.raises(TypeError, match=r"param group 0: cuda_graphs must be None, True or False, got 'yes'"):
         Muon([p], cuda_graphs="yes")
     opt = Muon([p])
-    with pytest.raises(TypeError, match=r"param group 1: cuda_graphs must be a bool"):
+    with pytest.raises(TypeError, match=r"param group 1: cuda_graphs must be None, True or False"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, 3))], "cuda_graphs": 1})
     assert len(opt.param_groups) == 1
 
@@ -279,3 +285,46 @@ def test_graph_results_are_applied_after_the_replay(fake_cuda, monkeypatch):
     opt.step()
     assert events == ["replay", "apply", "apply", "apply"]
     assert all(not torch.equal(p, q) for p, q in zip(ps, before))
+
+
+def test_by_default_the_small_stacks_are_captured_and_a_large_one_only_under_true(fake_cuda, monkeypatch):
+    """cuda_graphs=None (the default) captures the stacks of up to MAX_NUMEL elements, True every stack: with
+    MAX_NUMEL at 60 elements the (10, 6) and conv stacks are captured by both, the (2, 6, 10) stack only under
+    True; each steps as the eager optimizer does."""
+    monkeypatch.setattr(graphs, "MAX_NUMEL", 60)
+    captured = {}
+    for option in (None, True):
+        CAPTURES.clear()
+        opt, ps = make() if option is None else make(cuda_graphs=True)
+        eager, qs = make(cuda_graphs=False)
+        for step in range(4):
+            opt.step()
+            eager.step()
+            regrad(ps, step)
+            regrad(qs, step)
+        assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+        captured[option] = list(CAPTURES)
+    assert captured == {None: [(1, 10, 6), (1, 4, 3, 2, 2)], True: [(2, 6, 10), (1, 10, 6), (1, 4, 3, 2, 2)]}
+
+
+def test_a_step_the_caller_captures_records_eagerly_into_the_callers_graph(fake_cuda, monkeypatch):
+    """While the caller's stream is capturing, the plan's graph is neither captured nor replayed (captures do not
+    nest): every megabatch runs eagerly, as the caller's capture records it; once the caller's capture ends the
+    plan captures its own graph as usual."""
+    monkeypatch.setattr("optimizers.muon.caller_capturing", lambda: True)
+    opt, ps = make()
+    eager, qs = make(cuda_graphs=False)
+    for step in range(4):
+        opt.step()
+        eager.step()
+        regrad(ps, step)
+        regrad(qs, step)
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    assert CAPTURES == [] and opt._cached.graphs.members == {} and opt._cached.graphs.replays == 0
+    monkeypatch.setattr("optimizers.muon.caller_capturing", lambda: False)
+    opt.step()
+    assert len(CAPTURES) == 3
+
+
+def test_off_cuda_nobody_captures():
+    assert graphs.caller_capturing() is False

@@ -74,7 +74,7 @@ def test_cuda_graphs_give_the_eager_bits(orthogonalizer):
 
     ps, qs = small_set(), small_set()
     fast = Muon(ps, flatten=True, orthogonalizer=orthogonalizer, cuda_graphs=True)
-    eager = Muon(qs, flatten=True, orthogonalizer=orthogonalizer)
+    eager = Muon(qs, flatten=True, orthogonalizer=orthogonalizer, cuda_graphs=False)
     for step in range(6):
         for opt in (fast, eager):
             opt.step()
@@ -90,6 +90,41 @@ def test_cuda_graphs_give_the_eager_bits(orthogonalizer):
     assert plan_graphs.replays == 4
     assert (fast.stats.gram, fast.stats.fallbacks) == (eager.stats.gram, eager.stats.fallbacks), (fast.stats,
                                                                                                   eager.stats)
+
+
+def test_the_default_captures_small_sets_and_a_step_captured_whole_replays_the_eager_bits():
+    """The default (cuda_graphs=None) captures the small set's megabatches, as True does; and a training step
+    captured whole by the caller, as torch's CUDA-graph notes show (warm-up on a side stream, then opt.step()
+    captured with static gradients, each replay after new gradients are copied in), records the step eagerly
+    into the caller's graph: after 3 replays every parameter equals the eager optimizer's bit for bit."""
+    from optimizers import Muon
+
+    ps, qs = small_set(), small_set()
+    opt = Muon(ps, flatten=True)
+    eager = Muon(qs, flatten=True, cuda_graphs=False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # state, a fresh plan, its capture
+            opt.step()
+            eager.step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    own = opt._cached.graphs
+    assert own.graph is not None and len(own.members) == 5 and None not in own.members.values(), own.members
+    whole = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(whole):
+        opt.step()
+    for step in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(200 + step)
+        for p, q in zip(ps, qs):
+            p.grad.copy_(torch.randn(p.shape, generator=gen, device="cuda"))
+            q.grad = p.grad.clone()
+        whole.replay()
+        eager.step()
+    torch.cuda.synchronize()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    assert opt._cached.graphs is own and own.failures == [] and opt.stats.capture_failures == 0
 
 
 def test_cuda_graphs_cut_the_launches():

@@ -19,11 +19,12 @@ SHAPES = [(8, 8), (12, 6), (6, 12), (8, 8), (5, 5)]
 
 
 def make(seed=0, **options):
+    """Muon on SHAPES, eager (cuda_graphs=False: a plan's graph reads every flag at once after its replay)."""
     g = torch.Generator().manual_seed(seed)
     ps = [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in SHAPES]
     for p in ps:
         p.grad = torch.randn(p.shape, generator=g)
-    return Muon(ps, lr=0.1, **options), ps
+    return Muon(ps, lr=0.1, **{"cuda_graphs": False, **options}), ps
 
 
 @pytest.mark.parametrize("orthogonalizer, order", [
