@@ -186,22 +186,24 @@ def _gpu_fast_paths() -> Iterator[Case]:
     process on CUDA. Every orthogonalizer that forms symmetric products, bf16 compute (Polar Express and
     Newton-Schulz in bf16; Gram Newton-Schulz iterating in fp16, optimizers/gram_newton_schulz.py
     HALF_ITERATES) and fp32, wide, tall and a flattened conv, a megabatch of 2 (stacked blocks), bf16
-    parameters, and 2 steps where CUDA graphs capture (a plan captures at its second step, which replays).
-    Gaussian gradients keep the bf16 references well posed (condition ~6); one fp32 case is low-rank. Kept
-    to 12 member-steps: each costs FP64 SVDs of 2048 x 4096 on the host."""
+    parameters, and 3 steps where CUDA graphs capture (the first step creates the state, the second is a fresh
+    plan's first, eager; the third captures the plan's graph and replays it: optimizers/graphs.py). Gaussian
+    gradients keep the bf16 references well posed (condition ~6); one fp32 case is low-rank. Kept to 18
+    member-steps: each costs FP64 SVDs of 2048 x 4096 on the host."""
     def case(layer, mb, pd, cd, orth, adjust_lr, nesterov, wd, steps, grad):
         return Case(layer=layer, megabatch=mb, flatten=len(axes.GPU_LAYERS[layer][1]) > 2, param_dtype=pd,
                     compute_dtype=cd, orthogonalizer=orth, adjust_lr=adjust_lr, nesterov=nesterov, weight_decay=wd,
                     steps=steps, grad=grad)
     yield case("linear_gpu", 2, "fp32", "bf16", "polar_express", "spectral_norm", True, 0.1, 1, "gaussian")
-    yield case("linear_gpu_tall", 1, "bf16", "bf16", "newton_schulz", "rms_norm", False, 0.0, 2, "gaussian")
-    yield case("linear_gpu", 1, "fp32", "bf16", axes.GRAM, "none", True, 0.1, 2, "gaussian")
+    yield case("linear_gpu_tall", 1, "bf16", "bf16", "newton_schulz", "rms_norm", False, 0.0, 3, "gaussian")
+    yield case("linear_gpu", 1, "fp32", "bf16", axes.GRAM, "none", True, 0.1, 3, "gaussian")
     yield case("conv2d_gpu", 1, "fp32", "fp32", axes.GRAM, "spectral_norm", False, 0.1, 1, "gaussian")
     yield case("linear_gpu_tall", 2, "fp32", "fp32", "polar_express", "none", True, 0.0, 1, "lowrank")
     yield case("conv2d_gpu", 1, "bf16", "bf16", "polar_express", "rms_norm", True, 0.0, 1, "gaussian")
     # Gram NS on an fp32 megabatch without Nesterov: with the fused momentum launch (fused=None on CUDA with
-    # triton), its normaliser divides by the norms that launch forms (optimizers/elementwise.py)
-    yield case("linear_gpu", 2, "fp32", "bf16", axes.GRAM, "spectral_norm", False, 0.0, 1, "gaussian")
+    # triton), its normaliser divides by the norms that launch forms (optimizers/elementwise.py), eagerly and,
+    # at the third step, in the plan's CUDA graph
+    yield case("linear_gpu", 2, "fp32", "bf16", axes.GRAM, "spectral_norm", False, 0.0, 3, "gaussian")
 
 
 _EXTREME_DTYPES = (("fp32", "fp32", "polar_express"), ("fp32", "bf16", "newton_schulz"), ("bf16", "bf16", axes.GRAM),
