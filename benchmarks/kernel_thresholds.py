@@ -1,8 +1,9 @@
 """The figures that decide the sizes from which the default (fused=None, optimizers/kernels.py) takes the Triton
-kernels: symmetric.TRITON_ROWS (rows from which a symmetric product takes the kernel) and elementwise.MIN_NUMEL
-(elements from which an elementwise launch takes the fused kernels).
+kernels: symmetric.TRITON_ROWS (rows from which a symmetric product takes the kernel), symmetric.GRAPHED_ROWS (the
+same in a megabatch a CUDA graph records) and elementwise.MIN_NUMEL (elements from which an elementwise launch
+takes the fused kernels).
 
-    python benchmarks/kernel_thresholds.py [--products] [--elementwise] [--reps 20]
+    python benchmarks/kernel_thresholds.py [--products] [--elementwise] [--graphed] [--reps 20] [--rounds 8]
     TRITON_INTERPRET=1 python benchmarks/kernel_thresholds.py --quick      # CPU smoke run (tiny sizes)
 
 --products: for each row count m of ROWS and each product of a Newton–Schulz step (X Xᵀ of a wide stack of
@@ -21,6 +22,15 @@ calls issued back to back and synchronised once, over --reps (so that the host's
 what makes small launches lose). Its crossover line names the smallest n from which the kernels are at least
 as fast on every pass (and on every larger n): the value for elementwise.MIN_NUMEL.
 
+--graphed: whole default steps (Muon(flatten=True), no option set: every megabatch in the plan's CUDA graph) of
+gpu_step.py's GRAPHED_SETS, Polar Express and Gram Newton–Schulz, with symmetric.GRAPHED_ROWS set to each row
+count of ROWS below TRITON_ROWS and to TRITON_ROWS itself (the kernel in a graph only where it is used eagerly),
+a fresh optimizer each on the same parameters, in blocks of steps taken in turns (the order reversed every
+other turn): median step ms, the speedup over TRITON_ROWS and the first step. A threshold under which no product
+of a set takes the kernel is that set's baseline step, not a measurement. Its crossover line names the smallest
+row count from which every threshold is at least as fast as TRITON_ROWS on every set and orthogonalizer: the
+value for symmetric.GRAPHED_ROWS. CUDA only.
+
 Without a GPU (and without --quick) it says so and exits with status 2.
 """
 
@@ -36,8 +46,12 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from optimizers import elementwise, symmetric  # noqa: E402
+import gpu_step  # noqa: E402
+
+import optimizers  # noqa: E402
+from optimizers import elementwise, launches, symmetric  # noqa: E402
 from optimizers.algorithms.base import decoupled_apply_all  # noqa: E402
 from optimizers.kernels import TORCH, Kernels, available  # noqa: E402
 
@@ -182,14 +196,67 @@ def passes(numels: tuple[int, ...], reps: int, device: torch.device) -> int | No
     return found
 
 
+GRAPHED_SETS = ("gpt2_small", "convnext_t")
+"""gpu_step.py's sets whose megabatches the default captures (each within graphs.MAX_NUMEL) and whose matrices have
+fewer than TRITON_ROWS rows."""
+
+
+def graphed_steps(rows: tuple[int, ...], rounds: int, device: torch.device) -> int | None:
+    """Print the --graphed rows; return the crossover row count."""
+    candidates = tuple(r for r in rows if r < symmetric.TRITON_ROWS) + (symmetric.TRITON_ROWS,)
+    default = symmetric.GRAPHED_ROWS
+    print("| set | orthogonalizer | GRAPHED_ROWS | kernel products | step ms | speedup | first step s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    results: dict[int, list[float]] = {r: [] for r in candidates[:-1]}
+    try:
+        for set_name in GRAPHED_SETS:
+            params = gpu_step.make_params(gpu_step.SETS[set_name](1.0), device)
+            for orth in ("polar_express", "gram_newton_schulz"):
+                opts, first = {}, {}
+                for r in candidates:
+                    symmetric.GRAPHED_ROWS = r
+                    t0 = time.perf_counter()
+                    opts[r] = optimizers.Muon(params, flatten=True, orthogonalizer=orth)
+                    opts[r].step()
+                    launches.wait()
+                    torch.cuda.synchronize(device)
+                    first[r] = time.perf_counter() - t0
+                    gpu_step._times_ms(opts[r].step, 5, 1, device)
+                times: dict[int, list[float]] = {r: [] for r in candidates}
+                for turn in range(rounds):
+                    for r in candidates[:: 1 if turn % 2 == 0 else -1]:
+                        symmetric.GRAPHED_ROWS = r
+                        times[r] += gpu_step._times_ms(opts[r].step, 1, 10, device)
+                base = statistics.median(times[symmetric.TRITON_ROWS])
+                for r in candidates:
+                    ms = statistics.median(times[r])
+                    products = opts[r].stats.products
+                    if r in results and products:
+                        results[r].append(base / ms)
+                    print(f"| {set_name} | {orth} | {r} | {products} | {ms:.2f} | {base / ms:.2f} | {first[r]:.2f} |",
+                          flush=True)
+                del opts
+            del params
+            torch.cuda.empty_cache()
+    finally:
+        symmetric.GRAPHED_ROWS = default
+    found = crossover({r: v for r, v in results.items() if v})
+    print(f"graphed crossover: in a graph, every step is at least as fast from {found} rows"
+          f" -> symmetric.GRAPHED_ROWS = {found} (now {default})" if found is not None else
+          "graphed crossover: no threshold below TRITON_ROWS is faster on every step", flush=True)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--products", action="store_true", help="the symmetric products' rows (default: both)")
     parser.add_argument("--elementwise", action="store_true", help="the elementwise passes' rows (default: both)")
+    parser.add_argument("--graphed", action="store_true", help="whole steps with graphs (default: with both, on CUDA)")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=8, help="--graphed: turns of blocks of 10 steps each")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run under TRITON_INTERPRET=1, tiny sizes")
     args = parser.parse_args(argv)
-    both = not (args.products or args.elementwise)
+    both = not (args.products or args.elementwise or args.graphed)
     if args.quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if not (torch.cuda.is_available() or args.quick) or not available():
@@ -205,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         products(QUICK_ROWS if args.quick else ROWS, QUICK_WORK if args.quick else WORK, reps, device, dtype)
     if args.elementwise or both:
         passes(QUICK_NUMELS if args.quick else NUMELS, reps, device)
+    if (args.graphed or both) and device.type == "cuda":
+        graphed_steps(ROWS, args.rounds, device)
+    elif args.graphed:
+        print("--graphed: whole steps with CUDA graphs need CUDA")
+        return 2
     return 0
 
 

@@ -5,8 +5,9 @@ optimizers/elementwise_triton.py (the momentum, apply and normaliser passes over
 `fused` option says, with torch.optim's conventions:
 
   fused=None   (the default) where they are correct and faster: on CUDA with triton installed, a product of at
-               least symmetric.TRITON_ROWS rows, an elementwise launch of at least elementwise.MIN_NUMEL
-               elements; nowhere else (a CPU, no triton), so that there the step is the torch step, bit for bit
+               least symmetric.TRITON_ROWS rows (symmetric.GRAPHED_ROWS in a megabatch a CUDA graph records:
+               `in_graph`), an elementwise launch of at least elementwise.MIN_NUMEL elements; nowhere else (a
+               CPU, no triton), so that there the step is the torch step, bit for bit
   fused=True   wherever they compute, at any size: on CUDA, or on CPU under Triton's interpreter
                (TRITON_INTERPRET=1); a group whose parameters they cannot reach (no triton, a parameter on
                another device) is refused before any write (`check`)
@@ -18,21 +19,26 @@ of the step runs its torch passes.
 
 from __future__ import annotations
 
+import functools
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
 from optimizers.launches import device_of
 from optimizers.optional import interpreted, triton_module
 
+
 @dataclass(frozen=True)
 class Kernels:
     """Whether a call may take the Triton kernels (`on`), and only from their size thresholds (`sized`:
-    symmetric.TRITON_ROWS rows, elementwise.MIN_NUMEL elements) or at any size."""
+    symmetric.TRITON_ROWS rows, elementwise.MIN_NUMEL elements) or at any size; `graphed`: the call is part of a
+    megabatch a CUDA graph records (`in_graph`), whose products take the kernel from symmetric.GRAPHED_ROWS."""
 
     on: bool = False
     sized: bool = True
+    graphed: bool = False
 
 
 TORCH = Kernels()
@@ -49,6 +55,26 @@ def reaches(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and interpreted())
 
 
+_GRAPHED: ContextVar[bool] = ContextVar("optimizers.kernels.graphed", default=False)
+"""Inside an `in_graph` call of this thread and context."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def in_graph(update: F) -> F:
+    """`update`, whose calls take the kernels as a megabatch a CUDA graph records does (`Kernels.graphed`): the
+    plan (optimizers/plan.py) wraps the update of each megabatch its graph captures, for its eager first step and
+    its capture alike, so that both have the same bits."""
+    @functools.wraps(update)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = _GRAPHED.set(True)
+        try:
+            return update(*args, **kwargs)
+        finally:
+            _GRAPHED.reset(token)
+    return run  # type: ignore[return-value]
+
+
 def of(fused: bool | None, t: torch.Tensor) -> Kernels:
     """The kernels a call on `t` (or on a meta tensor standing in for it in a rehearsal: launches.device_of) takes
     under `fused` (module docstring)."""
@@ -56,7 +82,7 @@ def of(fused: bool | None, t: torch.Tensor) -> Kernels:
         return TORCH
     device = device_of(t)
     if fused is None:
-        return Kernels(on=True) if device.type == "cuda" and available() else TORCH
+        return Kernels(on=True, graphed=_GRAPHED.get()) if device.type == "cuda" and available() else TORCH
     return Kernels(on=True, sized=False) if reaches(device) and available() else TORCH
 
 

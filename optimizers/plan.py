@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -37,7 +38,7 @@ from optimizers import tensor_parallel
 from optimizers.algorithms import Algorithm, resolve
 from optimizers.algorithms.base import FOREACH_DTYPES
 from optimizers.algorithms.stages import Apply, Direction, Orthogonalize, declared
-from optimizers.graphs import PlanGraphs, capturable, stacked_block
+from optimizers.graphs import PlanGraphs, capturable, fits, stacked_block
 from optimizers.gram_newton_schulz import DeferredChecks, FlagCopy, deferred_checks
 from optimizers.groups import SCALARS, check_group
 from optimizers.matrix_view import View
@@ -225,6 +226,8 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             if batch.layout is not None:
                 finish(algorithm.exchange(torch.stack(members), batch.layout, update))
                 continue
+            if route.graphs and fits(len(members) * math.prod(batch.shape), every=group["cuda_graphs"] is True):
+                update = kernels.in_graph(update)  # the graph's kernels, in its eager first step and rehearsal too
             block = stacked_block(members) if route.reads_only else None
             given = None  # the momentum launch's norms of the members, where they are its buffers (one block)
             if (block is not None and direct is not None and parts is not None

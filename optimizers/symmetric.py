@@ -12,7 +12,7 @@ Stacks with fewer than `2 * BLOCK` rows take one plain product: below that a row
 small to keep a GPU's tensor cores busy. Pure torch, every device; where the call's `kernels`
 allow (optimizers/kernels.py: a group's `fused` option), bf16/fp16 stacks on CUDA take instead the
 Triton kernel of optimizers/symmetric_triton.py (upper tiles only, one launch): by default from
-`TRITON_ROWS` rows, with fused=True at any size.
+`TRITON_ROWS` rows (`GRAPHED_ROWS` in a megabatch a CUDA graph records), with fused=True at any size.
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ TRITON_ROWS = 2 * BLOCK
 cuBLAS's product is the faster on one H200 (12 x 768 x 2304: every kernel variant 1.0-4x slower;
 optimizers/symmetric_triton.py). To be measured by `benchmarks/kernel_thresholds.py --products`, whose
 crossover line names the row count from which the kernel wins on every product kind."""
+
+GRAPHED_ROWS = 256
+"""Rows from which a product of a megabatch a CUDA graph records (kernels.in_graph) takes the Triton kernel under
+fused=None. A replayed launch costs the host nothing, and side by side on the graph's streams the kernel wins
+from fewer rows than alone: `benchmarks/kernel_thresholds.py --graphed` times whole default steps with graphs
+and names the smallest threshold from which every step is at least as fast as with TRITON_ROWS."""
 
 
 def blocks(m: int, block: int | None = None) -> int:
@@ -93,7 +99,7 @@ def polynomial_product(gram: torch.Tensor, x: torch.Tensor, a: float, b: float, 
 
 def _kernel_for(a: torch.Tensor, kernels: Kernels) -> ModuleType | None:
     """optimizers.symmetric_triton where a product of `a`'s stack runs on it under `kernels`, else None."""
-    if not kernels.on or (kernels.sized and a.size(-2) < TRITON_ROWS):
+    if not kernels.on or (kernels.sized and a.size(-2) < (GRAPHED_ROWS if kernels.graphed else TRITON_ROWS)):
         return None
     kernel = triton_kernel()
     return kernel if kernel is not None and kernel.usable(a) else None

@@ -38,3 +38,6 @@ def test_a_quick_run_prints_every_row_and_both_crossovers(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 3 * len(kernel_thresholds.QUICK_ROWS) + 3 * len(kernel_thresholds.QUICK_NUMELS), out
     assert "products crossover:" in out and "elementwise crossover:" in out
+    assert "graphed crossover:" not in out  # whole steps with graphs: CUDA only
+    assert kernel_thresholds.main(["--quick", "--graphed"]) == 2
+    assert "need CUDA" in capsys.readouterr().out

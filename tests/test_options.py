@@ -96,6 +96,60 @@ def test_the_kernels_a_call_takes(monkeypatch):
     assert kernels.of(True, cpu) == TORCH
 
 
+def test_a_call_in_a_graph_takes_the_graphed_sizes(monkeypatch):
+    """kernels.in_graph: the calls it wraps take Kernels(graphed=True) under fused=None (a rehearsal's meta tensor
+    on CUDA stands in), and only they: the flag is reset after the call, an exception's too."""
+    monkeypatch.setattr(kernels, "available", lambda: True)
+    meta = torch.zeros(2, device="meta")
+    with launches.recording(torch.device("cuda")):
+        assert kernels.in_graph(kernels.of)(None, meta) == Kernels(on=True, graphed=True)
+        assert kernels.of(None, meta) == Kernels(on=True)
+        assert kernels.in_graph(kernels.of)(True, meta) == Kernels(on=True, sized=False)
+
+        def fails():
+            raise RuntimeError("inside")
+        with pytest.raises(RuntimeError, match="inside"):
+            kernels.in_graph(fails)()
+        assert kernels.of(None, meta) == Kernels(on=True)
+
+
+def test_a_product_in_a_graph_takes_the_kernel_from_graphed_rows(monkeypatch):
+    """symmetric: a sized product takes the kernel from TRITON_ROWS rows, from GRAPHED_ROWS in a graph; an unsized
+    one (fused=True) at any size; none where the kernels are off. Negative control: GRAPHED_ROWS - 1 rows never."""
+    from optimizers import symmetric
+    fake = types.SimpleNamespace(usable=lambda a: True)
+    monkeypatch.setattr(symmetric, "triton_kernel", lambda: fake)
+    assert symmetric.GRAPHED_ROWS < symmetric.TRITON_ROWS
+
+    def takes(rows, chosen):
+        return symmetric._kernel_for(torch.empty(1, rows, 2, device="meta"), chosen) is fake
+    graphed = Kernels(on=True, graphed=True)
+    assert not takes(symmetric.GRAPHED_ROWS - 1, graphed) and takes(symmetric.GRAPHED_ROWS, graphed)
+    assert not takes(symmetric.TRITON_ROWS - 1, Kernels(on=True)) and takes(symmetric.TRITON_ROWS, Kernels(on=True))
+    assert takes(1, Kernels(on=True, sized=False)) and not takes(symmetric.TRITON_ROWS, TORCH)
+
+
+@pytest.mark.parametrize("cuda_graphs, max_numel, graphed", [(None, None, True), (True, 10, True),
+                                                             (None, 10, False), (False, None, False)])
+def test_a_megabatch_the_plans_graph_captures_steps_in_graph(monkeypatch, cuda_graphs, max_numel, graphed):
+    """plan.execute runs the orthogonalization of each megabatch the plan's graph would capture (cuda_graphs not
+    False, the stack within graphs.MAX_NUMEL or cuda_graphs=True) under kernels.in_graph, in its eager steps too,
+    so that they and the graph's replays take the same kernels; the rest outside it."""
+    from optimizers import graphs
+    if max_numel is not None:
+        monkeypatch.setattr(graphs, "MAX_NUMEL", max_numel)
+    seen = []
+    real = kernels.of
+
+    def spied(fused, t):
+        seen.append(kernels._GRAPHED.get())
+        return real(fused, t)
+    monkeypatch.setattr(kernels, "of", spied)
+    opt, _ = make(cuda_graphs=cuda_graphs)
+    opt.step()
+    assert seen and any(seen) == graphed, seen
+
+
 def test_the_default_cpu_step_is_the_torch_step_bit_for_bit(monkeypatch):
     """With no option set, a CPU step takes no kernel, even where triton and its interpreter are there: the
     parameters step to fused=False's bits."""
