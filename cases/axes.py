@@ -31,12 +31,15 @@ GPU_LAYERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "linear_gpu": ("linear", (2048, 4096)),
     "linear_gpu_tall": ("linear", (4096, 2048)),
     "conv2d_gpu": ("conv2d", (2048, 512, 3, 3)),
+    "linear_gpu_mid": ("linear", (768, 2304)),
 }
 """Layers of the GPU tier only (cases/tiers.py "gpu"), sized to engage the fast paths that start at a size:
-the symmetric products by blocks (optimizers/symmetric.py) and the Triton kernel (symmetric.TRITON) from a
+the symmetric products by blocks (optimizers/symmetric.py) and the Triton kernel (symmetric.TRITON_ROWS) from a
 short side of 2 * BLOCK = 2048 rows, and any peer's kernels from smaller sizes (gram-newton-schulz's from
 256). Aspect 2 and more (the conv flattened: 2048 x 4608) keeps a Gaussian direction well conditioned
-(condition ~6), where the bf16 reference is well posed. Their cases run on CUDA only (harness/running/backends.py):
+(condition ~6), where the bf16 reference is well posed. `linear_gpu_mid` (GPT-2 small's attention projection)
+reaches the kernel only where a CUDA graph records its megabatch (from symmetric.GRAPHED_ROWS rows, below
+TRITON_ROWS), as the default cuda_graphs=None does. Their cases run on CUDA only (harness/running/backends.py):
 the FP64 oracle of one 2048 x 4096 step is an SVD of that size, minutes on a loaded 2-core machine. Not in
 `all_layers()`: no covering array or strategy draws them."""
 

@@ -182,14 +182,15 @@ def _tensor_parallel_ci() -> Iterator[Case]:
 
 def _gpu_fast_paths() -> Iterator[Case]:
     """The GPU tier: few cases, each large enough to engage a fast path of ours (axes.GPU_LAYERS: a short side
-    of 2048, where symmetric products go by blocks or, with symmetric.TRITON, by the Triton kernel), one
+    of 2048, where symmetric products go by blocks or, under the default fused=None, by the Triton kernel), one
     process on CUDA. Every orthogonalizer that forms symmetric products, bf16 compute (Polar Express and
     Newton-Schulz in bf16; Gram Newton-Schulz iterating in fp16, optimizers/gram_newton_schulz.py
     HALF_ITERATES) and fp32, wide, tall and a flattened conv, a megabatch of 2 (stacked blocks), bf16
     parameters, and 3 steps where CUDA graphs capture (the first step creates the state, the second is a fresh
     plan's first, eager; the third captures the plan's graph and replays it: optimizers/graphs.py). Gaussian
     gradients keep the bf16 references well posed (condition ~6); one fp32 case is low-rank. Kept to 18
-    member-steps: each costs FP64 SVDs of 2048 x 4096 on the host."""
+    member-steps of the 2048-row layers: each costs FP64 SVDs of 2048 x 4096 on the host. One case of 768 x 2304
+    reaches the kernel only inside the plan's graph (symmetric.GRAPHED_ROWS)."""
     def case(layer, mb, pd, cd, orth, adjust_lr, nesterov, wd, steps, grad):
         return Case(layer=layer, megabatch=mb, flatten=len(axes.GPU_LAYERS[layer][1]) > 2, param_dtype=pd,
                     compute_dtype=cd, orthogonalizer=orth, adjust_lr=adjust_lr, nesterov=nesterov, weight_decay=wd,
@@ -204,6 +205,8 @@ def _gpu_fast_paths() -> Iterator[Case]:
     # triton), its normaliser divides by the norms that launch forms (optimizers/elementwise.py), eagerly and,
     # at the third step, in the plan's CUDA graph
     yield case("linear_gpu", 2, "fp32", "bf16", axes.GRAM, "spectral_norm", False, 0.0, 3, "gaussian")
+    # a short side below symmetric.TRITON_ROWS: the kernel only in the plan's CUDA graph (symmetric.GRAPHED_ROWS)
+    yield case("linear_gpu_mid", 2, "bf16", "bf16", "polar_express", "rms_norm", True, 0.0, 3, "gaussian")
 
 
 _EXTREME_DTYPES = (("fp32", "fp32", "polar_express"), ("fp32", "bf16", "newton_schulz"), ("bf16", "bf16", axes.GRAM),

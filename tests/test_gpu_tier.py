@@ -16,7 +16,7 @@ SMALL = "muon/linear-12x20/mb2/noflat/fp32@bf16/pe/spectral_norm/nesterov/wd0.1/
 def test_the_gpu_tier_is_new_ids_only():
     """Additive: no GPU-tier id is a CI or nightly id, every one parses back, and no other tier holds a GPU layer."""
     ids = [c.id for c in GPU]
-    assert len(set(ids)) == len(ids) == 7
+    assert len(set(ids)) == len(ids) == 8
     assert not set(ids) & {c.id for c in tier("nightly")}
     assert all(Case.from_id(i).id == i for i in ids)
     assert not any(c.layer in axes.GPU_LAYERS for c in tier("nightly"))
@@ -29,19 +29,34 @@ def test_a_gpu_case_reaches_the_norms_of_the_momentum_launch():
                for c in GPU)
 
 
+def short_side(case: Case) -> int:
+    _, m, n = matrix_shape(case.shape, case.flatten)
+    return min(m, n)
+
+
+LARGE = [c for c in GPU if short_side(c) >= symmetric.TRITON_ROWS]
+
+
 def test_every_gpu_case_engages_the_split_symmetric_products():
-    """Each matrix's short side reaches 2 x symmetric.BLOCK (the blocked products and the Triton kernel);
-    together the cases hold every orthogonalizer that forms symmetric products, bf16 and fp32 compute, bf16
-    parameters, wide, tall and a flattened conv, a megabatch of 2, and 3 steps (a CUDA graph's capture)."""
-    for case in GPU:
-        _, m, n = matrix_shape(case.shape, case.flatten)
-        assert symmetric.blocks(min(m, n)) >= 2, case.id
+    """Each matrix's short side reaches 2 x symmetric.BLOCK (the blocked products and the Triton kernel), but for
+    the cases of the graphed threshold; together the cases hold every orthogonalizer that forms symmetric
+    products, bf16 and fp32 compute, bf16 parameters, wide, tall and a flattened conv, a megabatch of 2, and 3
+    steps (a CUDA graph's capture)."""
+    for case in LARGE:
+        assert symmetric.blocks(short_side(case)) >= 2, case.id
     assert {c.orthogonalizer for c in GPU} == {"polar_express", "newton_schulz", axes.GRAM}
     assert {c.compute_dtype for c in GPU} == {"bf16", "fp32"} and "bf16" in {c.param_dtype for c in GPU}
     assert {c.kind for c in GPU} == {"linear", "conv2d"} and any(c.flatten for c in GPU)
     assert any(c.shape[0] > c.shape[1] for c in GPU) and any(c.shape[0] < c.shape[1] for c in GPU)
     assert max(c.megabatch for c in GPU) == 2 and max(c.steps for c in GPU) == 3
-    assert sum(c.megabatch * c.steps for c in GPU) <= 18, "each member-step costs FP64 SVDs of 2048 x 4096"
+    assert sum(c.megabatch * c.steps for c in LARGE) <= 18, "each member-step costs FP64 SVDs of 2048 x 4096"
+
+
+def test_a_gpu_case_reaches_the_kernel_only_in_the_plan_s_graph():
+    """A bf16 Polar Express megabatch whose short side lies in [GRAPHED_ROWS, TRITON_ROWS), captured by the default
+    cuda_graphs=None (3 steps, within graphs.MAX_NUMEL): the default takes the kernel there only in the graph."""
+    assert any(symmetric.GRAPHED_ROWS <= short_side(c) < symmetric.TRITON_ROWS and c.compute_dtype == "bf16"
+               and c.steps >= 3 and graphs.fits(c.megabatch * c.shape[0] * c.shape[1]) for c in GPU)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
@@ -60,7 +75,9 @@ def test_ours_triton_runs_only_where_the_kernel_engages():
     assert "short side below symmetric.TRITON_ROWS" in target.unsupported(Case.from_id(SMALL))
     fp32 = next(c for c in GPU if c.compute_dtype == "fp32")
     assert "bf16/fp16 symmetric products" in target.unsupported(fp32)
-    bf16 = [c for c in GPU if c.compute_dtype == "bf16"]
+    assert "short side below symmetric.TRITON_ROWS" in target.unsupported(
+        next(c for c in GPU if short_side(c) < symmetric.TRITON_ROWS))
+    bf16 = [c for c in LARGE if c.compute_dtype == "bf16"]
     assert len(bf16) == 5
     if not torch.cuda.is_available():
         assert all("no CUDA device visible" in target.unsupported(c) for c in bf16)
@@ -120,4 +137,30 @@ def test_ours_default_path_is_judged_through_its_graph_and_the_momentum_launchs_
     assert case.steps == 3
     records = run_case(case, load_target("ours"), "ours", "cuda")
     assert seen["norms"] >= 1 and seen["replays"] >= 1, seen
+    assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ours_default_path_takes_the_kernel_in_its_graph_below_triton_rows(monkeypatch):
+    """The GPU tier's 768 x 2304 case under ours (no option set): its products take the Triton kernel (from
+    symmetric.GRAPHED_ROWS, inside the plan's graph and in the plan's eager first step), the third step replays
+    the graph, and no check fails or errors."""
+    kernel = symmetric.triton_kernel()
+    if kernel is None:
+        pytest.skip("triton is not installed")
+    seen = {"products": 0, "replays": 0}
+    product, replay = kernel.symmetric_baddbmm, graphs.PlanGraphs._replay
+
+    def counted_product(*args, **kwargs):
+        seen["products"] += 1
+        return product(*args, **kwargs)
+
+    def counted_replay(self):
+        seen["replays"] += 1
+        return replay(self)
+    monkeypatch.setattr(kernel, "symmetric_baddbmm", counted_product)
+    monkeypatch.setattr(graphs.PlanGraphs, "_replay", counted_replay)
+    case = next(c for c in GPU if short_side(c) < symmetric.TRITON_ROWS)
+    records = run_case(case, load_target("ours"), "ours", "cuda")
+    assert seen["products"] >= 1 and seen["replays"] >= 1, seen
     assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
