@@ -44,8 +44,10 @@ def test_fp64_gram_equals_the_spectral_map(name, spectrum, shape):
     assert np.linalg.norm(gram(g, name) - ref) <= 5e-12 * np.linalg.norm(ref)
 
 
-def test_square_matrices_take_the_standard_iteration():
-    g = torch.from_numpy(matrix(12, 12))[None]
+@pytest.mark.parametrize("m", [12, 300])
+def test_square_matrices_take_the_standard_iteration(m):
+    """Also above 256 rows, where shapes are distinct int objects (an `is not` for the `!=` sent them to Gram)."""
+    g = torch.from_numpy(matrix(m, m))[None]
     coefficients = schedule("polar_express", 5)
     direct = standard_steps(normalised(g, 1.01, 1e-7, torch.float64), coefficients)
     with counting(Stats()) as stats:
@@ -54,13 +56,18 @@ def test_square_matrices_take_the_standard_iteration():
 
 
 def test_restarts_change_the_arithmetic_not_the_result():
+    """In fp64 a restart before any step, 0 and past the schedule included, gives the same result: R is kept
+    up to date between restarts (mutants that skipped its update at odd steps, or at steps whose index shifted
+    or halved lies in `restarts`, were not)."""
     g = torch.from_numpy(matrix(8, 64, SPECTRA["cond1e6"]))[None]
     x = normalised(g, 1.0, 1e-7, torch.float64)
     coefficients = schedule("newton_schulz", 5)
     none, published, every = (gram_steps(x, coefficients, r) for r in ((), (2,), (1, 2, 3, 4)))
     assert not torch.equal(none, published)
-    for out in (none, published):
-        torch.testing.assert_close(out, every, rtol=0, atol=1e-11)
+    for restarts in ((), (2,), (0,), (1,), (3,), (1, 3), (0, 4), (5,), (9,)):
+        torch.testing.assert_close(gram_steps(x, coefficients, restarts), every, rtol=0, atol=1e-11)
+    direct = gram_newton_schulz(g, coefficients, 1.0, 1e-7, torch.float64, restarts=(0,))  # 0 is a valid index
+    torch.testing.assert_close(direct, every, rtol=0, atol=1e-11)
 
 
 def test_restarts_matter_in_half_precision():
@@ -90,6 +97,87 @@ def test_divergence_is_recomputed_by_the_standard_iteration_counted_and_warned_o
     standard = standard_steps(normalised(g, 1.01, 1e-7, torch.bfloat16), coefficients).float()
     assert stats.fallbacks == 2 and stats.gram == 2
     assert torch.equal(out, standard)
+
+
+def test_a_result_diverged_above_twice_the_square_root_of_its_rows(monkeypatch):
+    """The divergence bound is ||X||_F > 2 sqrt(m) (DIVERGED, documented): of two Gram results whose norms lie
+    0.5% below and above it, only the second falls back to the standard iteration (mutants of the bound, its
+    factor or its exponent moved it past one of them)."""
+    from optimizers import gram_newton_schulz as gram
+    m, n = 16, 32
+    rows = torch.randn(2, m, n, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    crafted = rows / torch.linalg.vector_norm(rows, dim=(-2, -1), keepdim=True)
+    crafted = crafted * torch.tensor([0.995, 1.005], dtype=torch.float64).view(2, 1, 1) * 2 * m ** 0.5
+    monkeypatch.setattr(gram, "gram_steps", lambda *a, **k: crafted.clone())
+    g = torch.randn(2, m, n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with counting(Stats()) as stats, pytest.warns(RuntimeWarning, match="diverged"):
+        out = gram_newton_schulz(g, schedule("polar_express", 5), 1.01, 1e-7, torch.float64)
+    assert stats.gram == 2 and stats.fallbacks == 1
+    assert torch.equal(out[0], crafted[0]) and not torch.equal(out[1], crafted[1])
+
+
+def test_the_fallback_warning_names_the_call_that_fell_back():
+    """The first fallback's warning is attributed to gram_newton_schulz's call of `fallback` (stacklevel 2), not
+    to `fallback` itself nor to the orthogonalizer's caller."""
+    import inspect
+    from optimizers import gram_newton_schulz as gram
+    source, first = inspect.getsourcelines(gram.gram_newton_schulz)
+    line = first + next(i for i, text in enumerate(source) if text.strip().startswith("fallback("))
+    g = torch.from_numpy(matrix(16, 256, SPECTRA["cond1e6"], seed=1))[None].float()
+    with pytest.warns(RuntimeWarning, match="diverged") as caught:
+        gram_newton_schulz(g, schedule("polar_express", 5), 1.01, 1e-7, torch.bfloat16, restarts=())
+    assert (caught[0].filename, caught[0].lineno) == (gram.__file__, line)
+
+
+def test_known_norms_of_a_matrix_near_overflow_are_scaled_with_it():
+    """Norms given (in fp64) for a matrix whose norm overflows fp32 (entries +-2^122, 64 x 256: norm 2^129): the
+    matrix and its norm are scaled by the same power of two, so the result is the one formed without them (a `/`
+    or `**` for the `*` of the norm's scaling divided by another norm)."""
+    from optimizers.norms import frobenius
+    from optimizers.orthogonalize import orthogonalize
+    signs = torch.where(torch.randn(1, 64, 256, generator=torch.Generator().manual_seed(0)) > 0, 1.0, -1.0)
+    x = signs * 2.0 ** 122
+    plain = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float32)
+    given = orthogonalize(x, "gram_newton_schulz", 5, 1e-7, torch.float32, norms=frobenius(x.double(), (-2, -1)))
+    assert bool(plain.isfinite().all()) and plain.abs().max() > 0.1
+    torch.testing.assert_close(given, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_deferred_checks_count_the_matrices_and_read_each_calls_flag():
+    """Inside deferred_checks a call records one flag and its matrix count (from 0) instead of reading them;
+    read_flags reads each checks' flag, False where none was recorded."""
+    from optimizers import gram_newton_schulz as gram
+    g = torch.randn(3, 8, 24, generator=torch.Generator().manual_seed(6))
+    coefficients = schedule("polar_express", 5)
+    with gram.deferred_checks() as honest:
+        gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.float32)
+    assert honest.matrices == 3 and len(honest.flags) == 1
+    with gram.deferred_checks() as empty:
+        pass
+    assert empty.matrices == 0 and not empty.flags
+    diverged = gram.DeferredChecks([torch.tensor([False, True])], 2)
+    assert gram.read_flags([honest, empty, diverged]) == [False, False, True]
+    assert gram.read_flags([empty]) == [False]
+
+
+def test_the_result_comes_in_the_dtype_asked_for():
+    """out_dtype when given (a bf16 result of an fp32 stack, wide and tall), else the input's dtype; an empty
+    matrix stack is no Gram matrix."""
+    coefficients = schedule("polar_express", 5)
+    for shape in ((2, 8, 24), (2, 24, 8)):
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+        assert gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.bfloat16, out_dtype=torch.bfloat16).dtype \
+            == torch.bfloat16
+        assert gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.bfloat16).dtype == torch.float32
+    with counting(Stats()) as stats:
+        empty = gram_newton_schulz(torch.zeros(2, 0, 5), coefficients, 1.01, 1e-7, torch.float32)
+    assert empty.shape == (2, 0, 5) and stats.gram == 0
+
+
+@pytest.mark.parametrize("shape", [(8, 24), (1, 2, 8, 24)])
+def test_anything_but_a_stack_of_matrices_is_refused(shape):
+    with pytest.raises(ValueError, match=r"expected a stack of matrices \[B, m, n\]"):
+        gram_newton_schulz(torch.ones(shape), schedule("polar_express", 5), 1.01, 1e-7, torch.float32)
 
 
 def test_fp16_normalises_before_it_rounds():

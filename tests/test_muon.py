@@ -175,6 +175,17 @@ def test_the_default_compute_dtype_is_bf16_on_cuda_and_fp32_elsewhere():
     assert [default_compute_dtype(torch.device(d)) for d in ("cpu", "meta")] == [torch.float32, torch.float32]
 
 
+@pytest.mark.parametrize("rows, cols, fused, want", [(8, 24, True, torch.float16), (24, 8, True, torch.float16),
+                                                      (24, 8, False, None), (8, 8, True, torch.bfloat16)])
+def test_a_gram_result_is_applied_in_its_iteration_dtype_only_with_fused(rows, cols, fused, want):
+    """direct_dtype for Gram Newton-Schulz in bf16 (iterated in fp16): wide and tall results come in fp16 where the
+    kernels apply them, a tall one not at all without them, a square one (the standard iteration) in bf16. The
+    shape test `rows != cols` mutated to `rows < cols` sent tall results to the square row; no CPU case takes it."""
+    from optimizers.algorithms.muon import direct_dtype
+    group = {"orthogonalizer": "gram_newton_schulz", "compute_dtype": torch.bfloat16}
+    assert direct_dtype(group, torch.device("cpu"), rows, cols, fused) == want
+
+
 @pytest.mark.parametrize("name", ["gram_newton_schulz", "polar_express", "newton_schulz", "svd"])
 def test_only_gram_newton_schulz_takes_the_momentum_launchs_norms(name):
     """Its normaliser is formed in at least fp32 and divides by given norms; the others form theirs in the compute
