@@ -110,8 +110,10 @@ def test_group_algorithm_names_select_the_records():
 @pytest.mark.parametrize("options,error,match", [
     (dict(fraction=0.0), ValueError, "fraction"),
     (dict(fraction=1.5), ValueError, "fraction"),
+    (dict(fraction=-0.5), ValueError, "fraction"),
     (dict(fraction="half"), TypeError, "fraction"),
     (dict(ef_decay=-0.1), ValueError, "ef_decay"),
+    (dict(ef_decay=1.5), ValueError, "ef_decay"),
     (dict(selection_scope="everywhere"), ValueError, "selection_scope"),
     (dict(nesterov=True), ValueError, "Nesterov"),
     (dict(orthogonalizer="qr"), ValueError, "orthogonalizer"),
@@ -166,3 +168,23 @@ def test_tied_selection_is_skipped_never_passed():
     records = {r.check: r for r in run_case(case, OURS, "ours")}
     assert records["reference"].status == "skipped" and "ill-posed selection" in records["reference"].message
     assert records["finite"].status == "pass"
+
+
+def test_a_mesh_of_two_dims_is_refused_naming_it():
+    """one_dim_mesh refuses a 2-D mesh (its `ndim < 1` mutant let one through; no gloo case holds a 2-D mesh)."""
+    import types
+    from optimizers.algorithms.dion2 import one_dim_mesh
+    flat = types.SimpleNamespace(device_mesh=types.SimpleNamespace(ndim=1, shape=(4,)))
+    one_dim_mesh("param group 0", 0, flat)
+    square = types.SimpleNamespace(device_mesh=types.SimpleNamespace(ndim=2, shape=(2, 2)))
+    with pytest.raises(ValueError, match=r"2-D DeviceMesh \(2, 2\); Dion2 supports 1-D meshes only"):
+        one_dim_mesh("param group 0", 0, square)
+
+
+def test_nordion2_passes_an_empty_row_shard_through():
+    """NorDion2's row normalisation of no rows (a rank's empty Shard(0) piece, or an empty megabatch) returns them
+    as they are, with no state to read (the guard mutated to `numel() < 0` ran on and failed)."""
+    from optimizers.algorithms.dion2 import normalise_selected_rows
+    empty = torch.zeros(0, 6, 4)
+    out = normalise_selected_rows(empty, [], {"flatten": False, "beta2": 0.95, "variance_eps": 1e-8})
+    assert out is empty

@@ -1,10 +1,12 @@
 """Dion2's tensor pieces (optimizers/algorithms/dion2.py) against the oracle's selection rule."""
 
+import numpy as np
 import pytest
 import torch
 
-from optimizers.algorithms.dion2 import (FP64_NORM_SCALE, error_feedback, gather_selected, reduced_dims,
-                                         scatter_selected, select_count, selects_rows, slice_norms, top_k_mask)
+from optimizers.algorithms.dion2 import (FP64_NORM_SCALE, descending, error_feedback, gather_selected,
+                                         reduced_dims, scatter_selected, select_count, selects_rows, slice_norms,
+                                         top_k_mask)
 from oracles import select
 
 GEN = torch.Generator().manual_seed(7)
@@ -75,3 +77,33 @@ def test_select_count_in_groups_matches_python_arithmetic():
     """ceil(0.1 * 10) is 1 in Python (float64); float32 arithmetic would make it 2."""
     norms = torch.arange(10, dtype=torch.float32).unsqueeze(0)
     assert int(top_k_mask(norms, 0.1, torch.zeros(10, dtype=torch.long)).sum()) == select_count(10, 0.1) == 1
+
+
+def test_ties_rank_by_index_in_rows_long_enough_for_an_unstable_sort():
+    """Ties to the lower index (the oracle's rule) in rows of 64 with many ties, where torch's CPU sort without
+    `stable` orders equal values otherwise (a `stable=False` mutant passed the 13-wide rows above)."""
+    norms = torch.randint(0, 3, (4, 64), generator=torch.Generator().manual_seed(3)).double()
+    want = torch.from_numpy(np.argsort(-norms.numpy(), axis=-1, kind="stable"))
+    assert torch.equal(descending(norms), want)
+
+
+@pytest.mark.parametrize("ndim, rows, want", [(2, False, (0,)), (3, False, (1,)), (4, False, (2,)), (5, False, (3,)),
+                                              (4, True, (3,))])
+def test_unflattened_slices_sum_over_the_matrix_dims(ndim, rows, want):
+    """Without flatten a parameter is a stack of its last two dims' matrices: a row slice sums over the last dim,
+    a column slice over the one before it, whatever the rank (no CI case selects the columns of a tall
+    unflattened conv kernel, where `ndim % 2`, `ndim >> 2` and `ndim ^ 2` for `ndim - 2` survived)."""
+    assert reduced_dims(ndim, False, rows) == want
+
+
+def test_fp64_slices_near_the_top_of_the_range_keep_their_order():
+    """fp64 slices summed after scaling by FP64_NORM_SCALE, a power of two: two slices of entries near 1e308, whose
+    L1 sums overflow unscaled, keep their order (unscaled or scaled up, both sums are inf and the tie goes to the
+    lower index), and slices one ulp apart keep theirs (a scale of 3^-64 rounds some such pairs together)."""
+    big = torch.tensor([[1.0e308, 1.0e308], [1.5e308, 1.5e308]], dtype=torch.float64)
+    norms = slice_norms(big, (1,))
+    assert bool(torch.isfinite(norms).all()) and descending(norms.reshape(1, -1)).tolist() == [[1, 0]]
+    base = torch.rand(64, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.5
+    pairs = torch.stack([base, torch.nextafter(base, torch.tensor(2.0, dtype=torch.float64))], dim=1)
+    scaled = slice_norms(pairs.reshape(64, 2, 1), (2,)).reshape(64, 2)
+    assert bool((scaled[:, 1] > scaled[:, 0]).all())
