@@ -130,6 +130,20 @@ def test_a_line_run_at_import_is_judged_by_everything_that_reaches_its_module():
         "c-fast", "c-slow"]
 
 
+def test_a_line_run_at_import_is_judged_first_by_the_tests_that_build_optimizers_with_their_defaults():
+    """A changed default (Dion2's lr 0.01 -> 1.01 in its signature) is seen only by a test that builds the class with
+    no option: for a line run at import, selection.DEFAULTS_TESTS come before the module's own tests however slow;
+    for a line a test executes, they keep their place (the control)."""
+    reach = fake_reach()
+    defaults = selection.DEFAULTS_TESTS[0] + "[dion2-nothing]"
+    reach.lines["optimizers/x.py"][4] = ([], ["t2", "t1", "tests/test_x.py::own", defaults])
+    reach.test_seconds.update({"tests/test_x.py::own": 0.2, defaults: 9.0})
+    assert selection.plan(reach, "optimizers/x.py", 1, reach.gloo_cases, 1, 4, 2).tests == [
+        defaults, "tests/test_x.py::own"]
+    assert selection.plan(reach, "optimizers/x.py", 4, reach.gloo_cases, 1, 4, 2).tests == [
+        "tests/test_x.py::own", "t2"]
+
+
 def test_import_lines_are_module_and_class_statements_and_signatures_not_function_bodies():
     source = ("TABLE = (\n    (1, 2),\n    (3, 4),\n)\n\n\nclass A:\n    X = 1\n\n    def f(self, a=(1,\n"
               "                             2)):\n        return a\n")
@@ -167,6 +181,9 @@ def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     assert p.gloo == ["normuon/b/ws2", "normuon/d/ws4"] and not p.cases and not p.tests
     reach.test_seconds["tests/test_distributed_normuon.py::refused"] = 3.0  # named for it: its rank pools judge
     p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 40)
+    assert p.tests == ["tests/test_distributed_normuon.py::refused"]
+    reach.test_seconds["tests/test_normuon.py::cheap"] = 0.1  # named too, single-process: after the rank pools'
+    p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 1)
     assert p.tests == ["tests/test_distributed_normuon.py::refused"]
     shared = selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 40, 2, 40)
     assert shared.gloo == ["muon/a/ws2", "dion2-f0.5/c/ws2"]  # spread over every algorithm's

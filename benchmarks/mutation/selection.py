@@ -5,7 +5,9 @@
 - optimizer code that no single-process case and no unit test executes in-process (distributed
   paths): the gloo cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code),
   spread over the tier, at most `max_gloo`, and the tests of the files named for the module
-  (tests/test_distributed_normuon.py for normuon.py), whose rank pools run in processes the map does not see;
+  (tests/test_distributed_normuon.py for normuon.py, first however slow: dion2.py's local-scope labels survived
+  while its 40 cheapest named tests were all single-process ones), whose rank pools run in processes the map
+  does not see;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
   most `max_tests` (the checkpoint checks are such tests), the module's own test file's among them first
   (tests/test_<module>.py: the cheapest tests of a line every step runs are other modules' tests, and the
@@ -14,8 +16,10 @@
   matrix_view.py's `shape[0] // self.num_heads`, whose 40 cheapest tests held no test of num_heads);
 - code that runs when the module is imported (its constants, default tables and declarations,
   `import_lines`: the map sees it run under no case or test, or a table's later lines not at all): every
-  case that executes any line of the module, cheapest first, and its cheapest `max_tests` tests. A changed
-  default reaches whatever builds the optimizer (the defaults cases do).
+  case that executes any line of the module, cheapest first, and its `max_tests` tests: first those that build
+  each optimizer with no option or lr only (DEFAULTS_TESTS: the defaults cases pass the lr and build through
+  Muon(algorithm=...), so Dion2's own default lr of 0.01 mutated to 1.01 passed 105 cases and 40 of its own
+  tests), then the module's own test files' and the rest as above.
 
 A line nothing executes gets no judge at all, and its mutants survive as unreached.
 """
@@ -38,6 +42,10 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 """The algorithms (first part of a case id, before any '-') whose gloo cases judge a module; a module
 not named here is shared by every algorithm."""
+
+
+DEFAULTS_TESTS = ("tests/test_defaults.py::test_defaults_step_as_documented",)
+"""The tests that build each optimizer class as most users do, against its documented defaults."""
 
 
 @dataclass(frozen=True)
@@ -117,16 +125,18 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
     cases, tests = reach.cases(module, line), reach.tests(module, line)
     case_limit = max_cases
     ran_at_import = line in imported or line in reach.lines.get(module, {})
+    first: tuple[str, ...] = ()
     if not cases and not tests and ran_at_import:  # run at import, under no judge
         every = [n for n in reach.lines.get(module, {}) if n != line]
         cases = sorted({c for n in every for c in reach.cases(module, n)})
         tests = sorted({t for n in every for t in reach.tests(module, n)})
         case_limit = len(cases)
+        first = DEFAULTS_TESTS
     cases = sorted(cases, key=lambda c: (reach.case_seconds[c], c))[:case_limit]
     own = f"tests/test_{module.rsplit('/', 1)[-1].removesuffix('.py')}"
     score = naming(text, tests)
-    tests = sorted(tests, key=lambda t: (not t.startswith((own + ".py::", own + "_")), -score[t],
-                                         reach.test_seconds[t], t))
+    tests = sorted(tests, key=lambda t: (not (first and t.startswith(first)), not t.startswith((own + ".py::", own + "_")),
+                                         -score[t], reach.test_seconds[t], t))
     tests = tests[:max_tests]
     gloo: list[str] = []
     if not cases and not tests and module.startswith("optimizers/"):
@@ -134,7 +144,8 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
         gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
         stem = module.rsplit("/", 1)[-1].removesuffix(".py")  # the test files named for it: their rank pools
         named = [t for t in reach.test_seconds if stem in t.split("::")[0].rsplit("/", 1)[-1] and t not in reach.broken]
-        tests = sorted(named, key=lambda t: (reach.test_seconds[t], t))[:max_tests]
+        pools = f"test_distributed_{stem}"  # the rank pools' own file first, however slow
+        tests = sorted(named, key=lambda t: (pools not in t.split("::")[0], reach.test_seconds[t], t))[:max_tests]
     return Plan(cases, gloo, tests)
 
 
