@@ -112,6 +112,24 @@ def test_ours_triton_is_judged_with_the_kernel_running(monkeypatch):
     assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
 
 
+def count_calls(monkeypatch, owner, name: str, seen: dict[str, int]) -> None:
+    """Count the calls of owner.name (a function or a class's method) in seen[name]."""
+    real = getattr(owner, name)
+    seen[name] = 0
+
+    def counted(*args, **kwargs):
+        seen[name] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+
+
+def judge_the_default_path(case: Case, seen: dict[str, int]) -> None:
+    """`case` under ours (no option set) on CUDA: every counted call happened, and no check fails or errors."""
+    records = run_case(case, load_target("ours"), "ours", "cuda")
+    assert all(seen.values()), seen
+    assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_ours_default_path_is_judged_through_its_graph_and_the_momentum_launchs_norms(monkeypatch):
     """The GPU tier's Gram NS case on fp32 parameters without Nesterov, 3 steps, under ours (no option set): its
@@ -120,24 +138,13 @@ def test_ours_default_path_is_judged_through_its_graph_and_the_momentum_launchs_
     from optimizers import elementwise, kernels
     if not kernels.available():
         pytest.skip("triton is not installed")
-    seen = {"norms": 0, "replays": 0}
-    norms, replay = elementwise.norms, graphs.PlanGraphs._replay
-
-    def counted_norms(*args, **kwargs):
-        seen["norms"] += 1
-        return norms(*args, **kwargs)
-
-    def counted_replay(self):
-        seen["replays"] += 1
-        return replay(self)
-    monkeypatch.setattr(elementwise, "norms", counted_norms)
-    monkeypatch.setattr(graphs.PlanGraphs, "_replay", counted_replay)
+    seen: dict[str, int] = {}
+    count_calls(monkeypatch, elementwise, "norms", seen)
+    count_calls(monkeypatch, graphs.PlanGraphs, "_replay", seen)
     case = next(c for c in GPU if c.orthogonalizer == axes.GRAM and c.param_dtype == "fp32" and not c.nesterov
                 and c.megabatch == 2)
     assert case.steps == 3
-    records = run_case(case, load_target("ours"), "ours", "cuda")
-    assert seen["norms"] >= 1 and seen["replays"] >= 1, seen
-    assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
+    judge_the_default_path(case, seen)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -148,19 +155,7 @@ def test_ours_default_path_takes_the_kernel_in_its_graph_below_triton_rows(monke
     kernel = symmetric.triton_kernel()
     if kernel is None:
         pytest.skip("triton is not installed")
-    seen = {"products": 0, "replays": 0}
-    product, replay = kernel.symmetric_baddbmm, graphs.PlanGraphs._replay
-
-    def counted_product(*args, **kwargs):
-        seen["products"] += 1
-        return product(*args, **kwargs)
-
-    def counted_replay(self):
-        seen["replays"] += 1
-        return replay(self)
-    monkeypatch.setattr(kernel, "symmetric_baddbmm", counted_product)
-    monkeypatch.setattr(graphs.PlanGraphs, "_replay", counted_replay)
-    case = next(c for c in GPU if short_side(c) < symmetric.TRITON_ROWS)
-    records = run_case(case, load_target("ours"), "ours", "cuda")
-    assert seen["products"] >= 1 and seen["replays"] >= 1, seen
-    assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
+    seen: dict[str, int] = {}
+    count_calls(monkeypatch, kernel, "symmetric_baddbmm", seen)
+    count_calls(monkeypatch, graphs.PlanGraphs, "_replay", seen)
+    judge_the_default_path(next(c for c in GPU if short_side(c) < symmetric.TRITON_ROWS), seen)

@@ -287,6 +287,17 @@ def test_graph_results_are_applied_after_the_replay(fake_cuda, monkeypatch):
     assert all(not torch.equal(p, q) for p, q in zip(ps, before))
 
 
+def steps_as_eager(opt, ps, steps=4):
+    """`steps` steps of `opt` over `ps` beside an eager optimizer (cuda_graphs=False) made alike: the same bits."""
+    eager, qs = make(cuda_graphs=False)
+    for step in range(steps):
+        opt.step()
+        eager.step()
+        regrad(ps, step)
+        regrad(qs, step)
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+
+
 def test_by_default_the_small_stacks_are_captured_and_a_large_one_only_under_true(fake_cuda, monkeypatch):
     """cuda_graphs=None (the default) captures the stacks of up to MAX_NUMEL elements, True every stack: with
     MAX_NUMEL at 60 elements the (10, 6) and conv stacks are captured by both, the (2, 6, 10) stack only under
@@ -295,14 +306,7 @@ def test_by_default_the_small_stacks_are_captured_and_a_large_one_only_under_tru
     captured = {}
     for option in (None, True):
         CAPTURES.clear()
-        opt, ps = make() if option is None else make(cuda_graphs=True)
-        eager, qs = make(cuda_graphs=False)
-        for step in range(4):
-            opt.step()
-            eager.step()
-            regrad(ps, step)
-            regrad(qs, step)
-        assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+        steps_as_eager(*(make() if option is None else make(cuda_graphs=True)))
         captured[option] = list(CAPTURES)
     assert captured == {None: [(1, 10, 6), (1, 4, 3, 2, 2)], True: [(2, 6, 10), (1, 10, 6), (1, 4, 3, 2, 2)]}
 
@@ -313,13 +317,7 @@ def test_a_step_the_caller_captures_records_eagerly_into_the_callers_graph(fake_
     plan captures its own graph as usual."""
     monkeypatch.setattr("optimizers.muon.caller_capturing", lambda: True)
     opt, ps = make()
-    eager, qs = make(cuda_graphs=False)
-    for step in range(4):
-        opt.step()
-        eager.step()
-        regrad(ps, step)
-        regrad(qs, step)
-    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    steps_as_eager(opt, ps)
     assert CAPTURES == [] and opt._cached.graphs.members == {} and opt._cached.graphs.replays == 0
     monkeypatch.setattr("optimizers.muon.caller_capturing", lambda: False)
     opt.step()
