@@ -309,3 +309,15 @@ def test_a_session_judges_one_state_of_a_module_and_reports_what_it_judged_after
     with pytest.raises(ValueError, match="changed since session"):
         session.mutants("pkg/toy.py")
     assert session.mutants("pkg/toy.py", stored=True) == made
+
+
+def test_gloo_judges_cover_the_layouts_before_repeating_one():
+    """spread: one case of each layout (scope and placement) before a second of any; with fewer picks than layouts,
+    evenly spaced layouts. The control: the plain even spacing of these ids picks no Shard(1) case."""
+    ids = [f"dion2-f0.5-local/l{i}/seed0/shard0/ws2" for i in range(6)] + ["dion2-f0.5-local/l9/seed0/shard1/ws2",
+                                                                          "dion2-f0.5-global/l9/seed0/shard0/ws2"]
+    assert selection.spread(ids, 3) == [ids[0], ids[6], ids[7]]
+    assert selection.spread(ids, 4) == [ids[0], ids[6], ids[7], ids[1]]
+    assert selection.spread(ids, 2) == [ids[0], ids[6]]
+    assert not any("shard1" in ids[i * len(ids) // 3] for i in range(3))
+    assert selection.layout_of(ids[7]) == ("global", "shard0") and selection.layout_of("muon/a/ws2") == ("", "a")

@@ -70,10 +70,30 @@ def algorithm_of(case_id: str) -> str:
 
 
 def spread(items: list[str], limit: int) -> list[str]:
-    """At most `limit` of `items`, evenly spaced over the list (deterministic)."""
+    """At most `limit` of the distributed case ids `items` (deterministic): the first case of each layout
+    (`layout_of`, in order of first appearance; of evenly spaced layouts where there are more than `limit`),
+    then the second of each, and so on. Layouts before repeats: a branch that only one layout runs (Dion2's
+    local-scope labels under Shard(1)) is more often judged by a case of it."""
     if len(items) <= limit:
         return list(items)
-    return [items[i * len(items) // limit] for i in range(limit)]
+    groups: dict[tuple[str, str], list[str]] = {}
+    for item in items:
+        groups.setdefault(layout_of(item), []).append(item)
+    rounds = list(groups.values())
+    if limit <= len(rounds):  # fewer picks than layouts: one case each of evenly spaced layouts
+        return [rounds[i * len(rounds) // limit][0] for i in range(limit)]
+    out: list[str] = []
+    for i in range(max(len(r) for r in rounds)):
+        out += [r[i] for r in rounds if i < len(r)]
+    return out[:limit]
+
+
+def layout_of(case_id: str) -> tuple[str, str]:
+    """A distributed case's layout: its selection scope (the first part's last token, where it names one) and its
+    placement (the part before the world size: shard0, shard1, replicated, ...)."""
+    parts = case_id.split("/")
+    scope = parts[0].rsplit("-", 1)[-1] if parts[0].endswith(("-local", "-global")) else ""
+    return scope, parts[-2] if len(parts) > 1 else ""
 
 
 @functools.cache
