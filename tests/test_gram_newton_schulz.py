@@ -152,6 +152,10 @@ def test_deferred_checks_count_the_matrices_and_read_each_calls_flag():
     with gram.deferred_checks() as honest:
         gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.float32)
     assert honest.matrices == 3 and len(honest.flags) == 1
+    with gram.deferred_checks():  # the deferred return gives the dtype asked for too
+        assert gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.bfloat16).dtype == torch.float32
+        assert gram_newton_schulz(g, coefficients, 1.01, 1e-7, torch.bfloat16, out_dtype=torch.bfloat16).dtype \
+            == torch.bfloat16
     with gram.deferred_checks() as empty:
         pass
     assert empty.matrices == 0 and not empty.flags

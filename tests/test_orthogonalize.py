@@ -24,17 +24,19 @@ def test_norms_of_another_count_are_refused(count):
         orthogonalize(torch.ones(3, 8, 16), "gram_newton_schulz", 5, 1e-7, torch.float32, norms=torch.ones(count))
 
 
+@pytest.mark.parametrize("shape", [(64, 256), (16, 1024)])
 @pytest.mark.parametrize("name", ["polar_express", "newton_schulz", "gram_newton_schulz"])
-def test_entries_whose_squares_overflow_only_summed_over_the_whole_matrix_are_scaled(name):
+def test_entries_whose_squares_overflow_only_summed_over_the_whole_matrix_are_scaled(name, shape):
     """A 64 x 256 fp32 matrix of entries +-2^58: each entry and each row's squares are far from fp32's range,
     but the sum of all 16,384 squares, 2^130, overflows it. The overflow limit is taken for the matrix's entry
     count (m n: 2^55 here); a count of m + n (2^58) or fewer left the matrix unscaled and the update 0. The
     result is the unscaled matrix's (orthogonalization ignores scale; the scaling is a power of two). Gram
-    Newton-Schulz takes its own limit (gram_newton_schulz.normalised), for the same count."""
-    signs = torch.where(torch.randn(1, 64, 256, generator=torch.Generator().manual_seed(0)) > 0, 1.0, -1.0)
+    Newton-Schulz takes its own limit (gram_newton_schulz.normalised), for the same count. At 16 x 1024 a count of
+    m m (256, whose limit is 2^59) leaves it unscaled too; at 64 x 256 the quarters' headroom hides that one."""
+    signs = torch.where(torch.randn(1, *shape, generator=torch.Generator().manual_seed(0)) > 0, 1.0, -1.0)
     want = orthogonalize(signs, name, 5, 1e-7, torch.float32)
     got = orthogonalize(signs * 2.0 ** 58, name, 5, 1e-7, torch.float32)
-    assert bool(got.isfinite().all()) and got.abs().max() > 0.1
+    assert bool(got.isfinite().all()) and got.abs().max() > want.abs().max() / 2  # not the update of 0
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 

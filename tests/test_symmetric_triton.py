@@ -213,6 +213,27 @@ def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
     assert (fast - exact).norm() <= 1.5 * (plain - exact).norm(), ((fast - exact).norm(), (plain - exact).norm())
 
 
+@pytest.mark.parametrize("restarts", [(), (2,), (1, 3)])
+def test_the_gram_iteration_on_the_kernel_keeps_r_current(kernel, monkeypatch, restarts):
+    """Kernels allowed, a wide stack's Gram iteration forms W = aI + Z on the kernel and updates Q W and (R W) W:
+    with any restarts it converges without a divergence fallback, within the plain products' error of the fp64
+    result (mutants that updated R only where it is never read diverged, and the fallback's standard iteration
+    passed the accuracy comparison; one that stopped after the first step passed the published restarts)."""
+    from optimizers.coefficients import normaliser_scale, schedule
+    from optimizers.gram_newton_schulz import gram_newton_schulz
+
+    run, x = polar_express_on_kernel(kernel, monkeypatch, (1, 32, 96), (1, 2048, 6144), seed=5)
+
+    def gram(compute, kernels=TORCH):
+        return gram_newton_schulz(x, schedule("polar_express", 5), normaliser_scale("polar_express"), 1e-7, compute,
+                                  restarts=restarts, kernels=kernels).double()
+    exact, plain = gram(torch.float64), gram(torch.float16)
+    with counting(Stats()) as stats:
+        fast = gram(torch.float16, SIZED)
+    assert stats.products > 0 and stats.fallbacks == 0  # a stale R diverges, and its fallback would hide it
+    assert (fast - exact).norm() <= 1.5 * (plain - exact).norm(), ((fast - exact).norm(), (plain - exact).norm())
+
+
 def test_the_standard_iteration_takes_w_from_the_kernel(kernel, monkeypatch):
     """Kernels allowed, a square stack's Newton-Schulz steps form W = aI + bA + cA² on the kernel and
     X' = W X by a plain product, within the plain products' error of the fp64 result; negative control: a
