@@ -217,8 +217,8 @@ def test_the_blocked_products_take_the_kernel_when_asked(kernel, monkeypatch):
 def test_the_gram_iteration_on_the_kernel_keeps_r_current(kernel, monkeypatch, restarts):
     """Kernels allowed, a wide stack's Gram iteration forms W = aI + Z on the kernel and updates Q W and (R W) W:
     with any restarts it converges without a divergence fallback, within the plain products' error of the fp64
-    result (mutants that updated R only where it is never read diverged, and the fallback's standard iteration
-    passed the accuracy comparison; one that stopped after the first step passed the published restarts)."""
+    result (a mutant that updated R only where it is never read diverged, and the fallback's standard iteration
+    passed the accuracy comparison)."""
     from optimizers.coefficients import normaliser_scale, schedule
     from optimizers.gram_newton_schulz import gram_newton_schulz
 
