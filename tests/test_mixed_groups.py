@@ -94,6 +94,18 @@ def test_a_per_parameter_implementation_passes_bitwise(case):
     assert record.ratio == 0.0, record.message  # exact relations in fp64: the same arithmetic either way
 
 
+def test_an_svd_step_is_judged_within_tolerance_and_still_catches_mixing():
+    """The SVD is not odd bit for bit on every CPU (checks.NOT_ODD: MKL's AVX-512 path gave a negated twin a step
+    6e-16 off), so with the SVD the mixed relation has an allowance where the polynomial iterations have none; a
+    group-level flatten decision still fails it by far (the control)."""
+    svd = dataclasses.replace(LINEAR, orthogonalizer="svd")
+    assert _mixed(run_case(LINEAR, Plain(), "plain")).tolerance == 0.0
+    record = _mixed(run_case(svd, Plain(), "plain"))
+    assert record.status == "pass" and record.tolerance > 0, record.message
+    wrong = _mixed(run_case(svd, FlattenByFirstTarget(), "flatten-by-first"))
+    assert wrong.status == "fail" and wrong.ratio > 1e3, wrong.message
+
+
 def test_a_group_level_flatten_decision_fails_a_linear_led_group_and_is_diagnosed():
     records = judged_case(LINEAR, FlattenByFirstTarget(), "flatten-by-first")
     record = _mixed(records)
