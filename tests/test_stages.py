@@ -91,7 +91,7 @@ def observed(monkeypatch):
     CAPTURES.clear()
     monkeypatch.setattr(graphs.PlanGraphs, "_capture", fake_capture)
     monkeypatch.setattr(graphs.PlanGraphs, "_replay", fake_replay)
-    monkeypatch.setattr(plan, "capturable", lambda stack: graphs.fits(stack.numel()))
+    monkeypatch.setattr(plan, "capturable", lambda stack, every=False: graphs.fits(stack.numel(), every))
     monkeypatch.setattr(plan, "DIRECT_APPLY_NUMEL", 1)
     seen = dict.fromkeys(("block", "direct", "foreach apply", "per-parameter apply", "submitted"), 0)
     stacked, direct, general, submit = plan.stacked_block, plan._apply_direct, plan._apply, graphs.PlanGraphs.submit
