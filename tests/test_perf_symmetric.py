@@ -105,3 +105,15 @@ def test_without_the_kernel_a_polynomial_step_is_ax_plus_bx_and_w_is_refused(ker
                        torch.baddbmm(x, poly, x, beta=3.4445))
     with pytest.raises(ValueError, match="Triton kernel only"):
         symmetric.polynomial_with_identity(gram, 3.4445, -4.775, 2.0315, kernels)
+
+
+def test_symmetric_baddbmm_defaults_as_torch_baddbmm_and_takes_its_scalars_by_keyword():
+    """beta and alpha default to 1 as torch.baddbmm's do, and are keyword-only (a positional beta is refused)."""
+    from optimizers.symmetric import symmetric_baddbmm
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
+    c = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)
+    c = c + c.mT
+    torch.testing.assert_close(symmetric_baddbmm(c, a, a.mT), torch.baddbmm(c, a, a.mT), rtol=0, atol=1e-12)
+    with pytest.raises(TypeError):
+        symmetric_baddbmm(c, a, a.mT, 2.0)
