@@ -63,8 +63,8 @@ class Muon(torch.optim.Optimizer):
       fused: group option, as torch.optim's: None (default) takes the Triton kernels (symmetric products
         of bf16/fp16 stacks; the momentum, apply and normaliser passes over fp32 tensors) where they are
         correct and faster: on CUDA with triton installed, from the sizes symmetric.TRITON_ROWS (GRAPHED_ROWS
-        in a megabatch the plan's CUDA graph captures) and elementwise.MIN_NUMEL; elsewhere none (a CPU step is the torch step, bit for bit). True takes them
-        at every size and raises ValueError (at construction, or at the step whose plan meets it, before
+        in a megabatch the plan's CUDA graph captures) and elementwise.MIN_NUMEL; elsewhere none (a CPU step is
+        the torch step, bit for bit). True takes them at every size and raises ValueError (at construction, or at the step whose plan meets it, before
         any write) where they cannot run: triton not importable, a parameter not on CUDA (CPU only under
         TRITON_INTERPRET=1). False never takes them (optimizers/kernels.py). The kernels' elementwise
         passes give the torch passes' bits; their products round W = aI + bA + cA² once, each judged

@@ -209,6 +209,7 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
         else:
             directions = {p: algorithm.direction(p.grad, entry, group) for p, entry in zip(plan.params, entries)}
         starts = list(itertools.accumulate((len(b.params) for b in plan.megabatches), initial=0))
+        every = group["cuda_graphs"] is True  # graphs.fits: capture stacks of any size
         for number in run_order(plan):
             batch = plan.megabatches[number]
             key, members = (index, number), [directions[p] for p in batch.params]
@@ -226,7 +227,7 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
             if batch.layout is not None:
                 finish(algorithm.exchange(torch.stack(members), batch.layout, update))
                 continue
-            if route.graphs and fits(len(members) * math.prod(batch.shape), every=group["cuda_graphs"] is True):
+            if route.graphs and fits(len(members) * math.prod(batch.shape), every):
                 update = kernels.in_graph(update)  # the graph's kernels, in its eager first step and rehearsal too
             block = stacked_block(members) if route.reads_only else None
             given = None  # the momentum launch's norms of the members, where they are its buffers (one block)
@@ -234,7 +235,7 @@ def execute(plans: list[GroupPlan], state: dict[torch.Tensor, Any], graphs: Plan
                     and takes_norms(route, group, batch.shape)):
                 given = elementwise.norms(parts[starts[number]:starts[number + 1]])
             if graphs is not None and route.graphs:
-                eligible = functools.partial(capturable, every=group["cuda_graphs"] is True)
+                eligible = functools.partial(capturable, every=every)
                 result = graphs.submit(key, update, members, eligible, given)
                 if result is None:  # from the graph's replay
                     waiting.append((key, finish))
