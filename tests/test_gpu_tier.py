@@ -96,22 +96,6 @@ def test_ours_graphs_runs_only_where_a_plan_captures():
         assert "no CUDA device visible" in target.unsupported(Case.from_id(SMALL))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_ours_triton_is_judged_with_the_kernel_running(monkeypatch):
-    """The smallest GPU-tier case (one member, one step) under ours-triton: the Triton kernel forms its
-    products, and no check fails or errors."""
-    if symmetric.triton_kernel() is None:
-        pytest.skip("triton is not installed")
-    kernel = symmetric.triton_kernel()
-    calls = []
-    real = kernel.symmetric_baddbmm
-    monkeypatch.setattr(kernel, "symmetric_baddbmm", lambda *a, **k: calls.append(1) or real(*a, **k))
-    case = next(c for c in GPU if c.layer == "conv2d_gpu" and c.compute_dtype == "bf16")
-    records = run_case(case, load_target("ours-triton"), "ours-triton", "cuda")
-    assert calls
-    assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
-
-
 def count_calls(monkeypatch, owner, name: str, seen: dict[str, int]) -> None:
     """Count the calls of owner.name (a function or a class's method) in seen[name]."""
     real = getattr(owner, name)
@@ -123,11 +107,23 @@ def count_calls(monkeypatch, owner, name: str, seen: dict[str, int]) -> None:
     monkeypatch.setattr(owner, name, counted)
 
 
-def judge_the_default_path(case: Case, seen: dict[str, int]) -> None:
-    """`case` under ours (no option set) on CUDA: every counted call happened, and no check fails or errors."""
-    records = run_case(case, load_target("ours"), "ours", "cuda")
+def judged_with_calls(case: Case, name: str, seen: dict[str, int]) -> None:
+    """`case` under the target `name` on CUDA: every counted call happened, and no check fails or errors."""
+    records = run_case(case, load_target(name), name, "cuda")
     assert all(seen.values()), seen
     assert all(r.status not in ("fail", "error") for r in records), [(r.check, r.status, r.message) for r in records]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ours_triton_is_judged_with_the_kernel_running(monkeypatch):
+    """The smallest GPU-tier case (one member, one step) under ours-triton: the Triton kernel forms its
+    products, and no check fails or errors."""
+    if symmetric.triton_kernel() is None:
+        pytest.skip("triton is not installed")
+    seen: dict[str, int] = {}
+    count_calls(monkeypatch, symmetric.triton_kernel(), "symmetric_baddbmm", seen)
+    judged_with_calls(next(c for c in GPU if c.layer == "conv2d_gpu" and c.compute_dtype == "bf16"), "ours-triton",
+                      seen)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -144,7 +140,7 @@ def test_ours_default_path_is_judged_through_its_graph_and_the_momentum_launchs_
     case = next(c for c in GPU if c.orthogonalizer == axes.GRAM and c.param_dtype == "fp32" and not c.nesterov
                 and c.megabatch == 2)
     assert case.steps == 3
-    judge_the_default_path(case, seen)
+    judged_with_calls(case, "ours", seen)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -158,4 +154,4 @@ def test_ours_default_path_takes_the_kernel_in_its_graph_below_triton_rows(monke
     seen: dict[str, int] = {}
     count_calls(monkeypatch, kernel, "symmetric_baddbmm", seen)
     count_calls(monkeypatch, graphs.PlanGraphs, "_replay", seen)
-    judge_the_default_path(next(c for c in GPU if short_side(c) < symmetric.TRITON_ROWS), seen)
+    judged_with_calls(next(c for c in GPU if short_side(c) < symmetric.TRITON_ROWS), "ours", seen)
