@@ -191,8 +191,10 @@ def test_a_changed_option_is_validated_before_any_write(monkeypatch):
     assert same(snapshot(opt, ps), before)
     opt.param_groups[0]["cuda_graphs"] = "yes"
     opt.param_groups[0]["fused"] = None
+    before = snapshot(opt, ps)
     with pytest.raises(TypeError, match="cuda_graphs must be None, True or False"):
         opt.step()
+    assert same(snapshot(opt, ps), before)
     opt.param_groups[0]["cuda_graphs"] = False
     opt.step()
     reference.step()
