@@ -147,9 +147,7 @@ class PlanGraphs:
         directions' norms, which the update takes where the directions are the rows of one block (the momentum
         buffers the norms are of: optimizers/plan.py `takes_norms`), as the eager step does."""
         member = self.members.get(key, False)
-        block = stacked_block(directions)
-        if block is not None and not eligible(block):  # an uncapturable block: a fresh stack, run eagerly below
-            block = None
+        block = stacked_block(directions)  # an uncapturable block runs eagerly below, on itself, as plan.execute's
         given = None if block is None else norms
         if member:
             # not as captured (another block, or norms where none were captured, or none where they were): eager

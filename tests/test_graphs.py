@@ -132,6 +132,26 @@ def test_a_block_megabatch_takes_its_norms_eagerly_and_from_its_buffer_in_the_gr
     assert seen == [[1.0, 2.0], [2.0, 4.0], None, [2.0, 4.0], None, [3.0, 6.0], None]
 
 
+def test_an_uncapturable_block_runs_eagerly_on_itself_with_its_norms(fake_cuda):
+    """A block megabatch the plan's graph cannot take (cuda_graphs=None past MAX_NUMEL) runs eagerly at every step
+    on the block itself, with the momentum launch's norms, as the eager plan runs it (cuda_graphs=False): no
+    stack copy (9.5 ms a step on the 24-layer set, docs/performance.md section 17), the same bits."""
+    seen = []
+
+    def update(stack, norms=None):
+        seen.append((stack, None if norms is None else norms.tolist()))
+        return stack * 2.0
+    block = torch.randn(2, 3, 4)
+    rows = list(block.unbind(0))
+    plan_graphs = graphs.PlanGraphs()
+    for step in range(3):
+        out = plan_graphs.submit((0, 0), update, rows, lambda s: False, torch.tensor([1.0, 2.0]))
+        assert torch.equal(out, block * 2.0), step
+        plan_graphs.armed = True
+    assert [s is block for s, _ in seen] == [True] * 3 and [n for _, n in seen] == [[1.0, 2.0]] * 3
+    assert plan_graphs.members == {(0, 0): None} and plan_graphs.flush() == {} and CAPTURES == []
+
+
 def test_a_new_plan_starts_without_graphs(fake_cuda):
     opt, ps = make(cuda_graphs=True)
     for _ in range(3):
