@@ -46,10 +46,11 @@ def _dense_stack(x: torch.Tensor) -> bool:
         strides[1:] == (cols, 1) or strides[1:] == (1, rows))
 
 
-def _usable(tensors: list[torch.Tensor], numel: int, kernels: Kernels, contiguous: bool = True) -> ModuleType | None:
+def _usable(tensors: list[torch.Tensor], numel: int, kernels: Kernels, contiguous: bool = True,
+            dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> ModuleType | None:
     """The kernels' module, when `kernels` allow a launch of `numel` elements (from MIN_NUMEL where sized), and
-    every tensor is an fp32 tensor (contiguous, if asked) the kernels can address (CUDA, a meta tensor standing
-    in for one (optimizers/launches.py), or CPU under the interpreter) on one device; else None."""
+    every tensor is of `dtypes` (contiguous, if asked), one the kernels can address (CUDA, a meta tensor standing
+    in for one (optimizers/launches.py), or CPU under the interpreter), on one device; else None."""
     if not kernels.on or not tensors or (kernels.sized and numel < MIN_NUMEL):
         return None
     module = triton_kernels()
@@ -57,7 +58,7 @@ def _usable(tensors: list[torch.Tensor], numel: int, kernels: Kernels, contiguou
         return None
     device = tensors[0].device
     ok = _reached(tensors[0]) and all(
-        t.dtype == torch.float32 and t.device == device and (t.is_contiguous() or not contiguous) for t in tensors)
+        t.dtype in dtypes and t.device == device and (t.is_contiguous() or not contiguous) for t in tensors)
     return module if ok else None
 
 
@@ -100,18 +101,20 @@ def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | No
 def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype, kernels: Kernels,
            factors: torch.Tensor | None = None) -> torch.Tensor | None:
     """x / d per matrix, rounded to `dtype` (bf16/fp16), as `torch.div(x, d, out=torch.empty_like(x, dtype=dtype))`
-    rounds it, in one launch, for fp32 x [B, m, n] whose matrices are dense blocks (row- or column-major) and
-    d [B, 1, 1]; with `factors` f [B, 1, 1] (fp32 or fp64), (x f) / d, x f rounded to fp32 first, the bits of
-    `torch.mul(x, f, out=<fp32>)` then that division. None (nothing done) where the kernel cannot run (and to bf16
-    under Triton's CPU interpreter, whose bf16 conversion truncates: 499 of 1024 Gaussian values differed from
-    round-to-nearest-even)."""
-    if (not _dense_stack(x) or dtype not in (torch.bfloat16, torch.float16) or denominators.dtype != torch.float32
-            or denominators.numel() != x.size(0)):
+    rounds it (the quotient of the two widened to fp32, correctly rounded), in one launch, for x [B, m, n] whose
+    matrices are dense blocks (row- or column-major) and d [B, 1, 1], both fp32 or both of `dtype` (Polar Express's
+    normaliser divides its cast by a denominator in the compute dtype: torch's broadcasting division ran at a third
+    of the kernel's speed on the 24-layer set, docs/performance.md section 17); with `factors` f [B, 1, 1] (fp32 or
+    fp64) and fp32 x, (x f) / d, x f rounded to fp32 first, the bits of `torch.mul(x, f, out=<fp32>)` then that
+    division. None (nothing done) where the kernel cannot run (and to bf16 under Triton's CPU interpreter, whose
+    bf16 conversion truncates: 499 of 1024 Gaussian values differed from round-to-nearest-even)."""
+    if (not _dense_stack(x) or dtype not in (torch.bfloat16, torch.float16) or x.dtype not in (torch.float32, dtype)
+            or denominators.dtype != x.dtype or denominators.numel() != x.size(0)):
         return None
-    if factors is not None and (factors.dtype not in (torch.float32, torch.float64) or factors.numel() != x.size(0)
-                                or factors.device != x.device):
+    if factors is not None and (x.dtype != torch.float32 or factors.dtype not in (torch.float32, torch.float64)
+                                or factors.numel() != x.size(0) or factors.device != x.device):
         return None
-    module = _usable([x], x.numel(), kernels, contiguous=False)
+    module = _usable([x], x.numel(), kernels, contiguous=False, dtypes=(torch.float32, dtype))
     if module is None or (dtype == torch.bfloat16 and interpreted()):  # the interpreter truncates to bf16
         return None
     return module.divide(x, denominators, dtype, factors)

@@ -5,7 +5,8 @@ tensor:
   momentum   M <- mu M + G                      (M, G fp32; and each new M's sum of squares, in fp64 parts:
                                                  the normaliser's norm without a pass of its own)
   divide     (X f) / d, rounded to bf16/fp16    (X fp32, one d and optionally one power-of-two f per matrix:
-                                                 Gram Newton-Schulz's normaliser, f its overflow scale)
+                                                 Gram Newton-Schulz's normaliser, f its overflow scale; or X
+                                                 and d bf16/fp16: Polar Express's normaliser of its cast)
   scaled_and_cast  X s, rounded to bf16/fp16/fp32, and s = norms.scale_of(max |X|) per matrix
                                                 (X fp32 or bf16: the normaliser's overflow-safe cast, one
                                                  read of X where no matrix needs scaling)
@@ -91,12 +92,12 @@ def _apply(param_table, o_ptr, per_param, rows, cols, sob, sor, soc, decay, alph
 @triton.jit
 def _divide(x_ptr, d_ptr, f_ptr, out_ptr, per_matrix, HAS_FACTOR: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(1)
-    d = tl.load(d_ptr + b)
+    d = tl.load(d_ptr + b).to(tl.float32)  # fp32, or bf16/fp16 widened exactly (as torch's opmath widens them)
     base = b.to(tl.int64) * per_matrix
     for start in range(tl.program_id(0) * BLOCK, per_matrix, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         inside = offs < per_matrix
-        x = tl.load(x_ptr + base + offs, mask=inside)
+        x = tl.load(x_ptr + base + offs, mask=inside).to(tl.float32)
         if HAS_FACTOR:  # x f in f's precision (fp64: exact), rounded to fp32, as torch's promoting mul rounds it
             f = tl.load(f_ptr + b)
             x = (x.to(f.dtype) * f).to(tl.float32)
@@ -237,11 +238,11 @@ def apply_(params: list[torch.Tensor], matrices: torch.Tensor, decay: float | No
 
 def divide(x: torch.Tensor, denominators: torch.Tensor, dtype: torch.dtype,
            factors: torch.Tensor | None = None) -> torch.Tensor:
-    """x / d per matrix of x [B, m, n] (fp32, each matrix a dense block of its own, in any order of its
-    two dims), correctly rounded in fp32 and then rounded to `dtype`, as `torch.div(x, d, out=<dtype>)`
-    rounds it; `denominators` [B, 1, 1] fp32; with `factors` f [B, 1, 1] (fp32 or fp64), (x f) / d, x f
-    formed in f's precision and rounded to fp32 first (`torch.mul(x, f, out=<fp32>)`). The result has x's
-    strides. One launch."""
+    """x / d per matrix of x [B, m, n] (fp32, bf16 or fp16, each matrix a dense block of its own, in any order
+    of its two dims), widened to fp32, correctly rounded in fp32 and then rounded to `dtype`, as
+    `torch.div(x, d, out=<dtype>)` rounds it; `denominators` [B, 1, 1] in x's dtype; with `factors` f [B, 1, 1]
+    (fp32 or fp64) and fp32 x, (x f) / d, x f formed in f's precision and rounded to fp32 first
+    (`torch.mul(x, f, out=<fp32>)`). The result has x's strides. One launch."""
     out = torch.empty_like(x, dtype=dtype)
     per_matrix = x.size(1) * x.size(2)
     programs = min(PROGRAMS, triton.cdiv(per_matrix, BLOCK))
