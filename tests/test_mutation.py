@@ -144,6 +144,18 @@ def test_a_line_run_at_import_is_judged_first_by_the_tests_that_build_optimizers
         "tests/test_x.py::own", "t2"]
 
 
+def test_a_line_run_at_import_is_judged_by_its_modules_own_tests_that_execute_none_of_its_lines():
+    """A frozen dataclass's decorator: its own test (setting a field, hashing) runs only generated code, so coverage
+    maps it to no line of the module; a line run at import is judged by it all the same, unless it fails unmutated.
+    A line a test executes is not (the control)."""
+    reach = fake_reach()
+    reach.test_seconds.update({"tests/test_x.py::frozen": 0.3, "tests/test_x.py::broken": 0.1})
+    reach.broken.append("tests/test_x.py::broken")
+    assert selection.plan(reach, "optimizers/x.py", 1, reach.gloo_cases, 1, 4, 5).tests == [
+        "tests/test_x.py::frozen", "t2", "t1"]
+    assert "tests/test_x.py::frozen" not in selection.plan(reach, "optimizers/x.py", 4, reach.gloo_cases, 1, 4, 5).tests
+
+
 def test_import_lines_are_module_and_class_statements_and_signatures_not_function_bodies():
     source = ("TABLE = (\n    (1, 2),\n    (3, 4),\n)\n\n\nclass A:\n    X = 1\n\n    def f(self, a=(1,\n"
               "                             2)):\n        return a\n")

@@ -64,3 +64,35 @@ def test_a_name_built_at_run_time_takes_its_orthogonalizer(name):
     got = orthogonalize(x, built, 5, 1e-7, torch.float64, norms=norms)
     assert torch.equal(got, orthogonalize(x, name, 5, 1e-7, torch.float64, norms=norms))
     assert not torch.equal(got, orthogonalize(x, "polar_express", 5, 1e-7, torch.float64))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7), (2, 7, 3)])
+def test_the_overflow_limits_are_taken_for_the_entry_count(shape, monkeypatch):
+    """The polynomials' cast limit is `entry_limit` of the m n entries, the SVD's norm limit `norm_limit` of their
+    root, wide or tall (the mutants took n n, m m, the batch size, sums and shifts of the dims; each leaves a
+    matrix unscaled whose squares overflow, or scales one that needs none)."""
+    from optimizers import orthogonalize as module
+    counts, factors = [], []
+    entry, norm = module.entry_limit, module.norm_limit
+    monkeypatch.setattr(module, "entry_limit", lambda count, *a: counts.append(count) or entry(count, *a))
+    monkeypatch.setattr(module, "norm_limit", lambda dtype, factor: factors.append(factor) or norm(dtype, factor))
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    orthogonalize(x, "polar_express", 5, 1e-7, torch.float32)
+    orthogonalize(x, "svd", 5, 1e-7, torch.float32)
+    assert counts == [21] and factors == [21 ** 0.5]
+
+
+def test_the_svd_keeps_the_singular_values_above_the_long_side_times_eps_times_the_largest():
+    """The cutoff is max(m, n) eps s_max, of the matrix's own dims: a stack of 200 tall 64 x 3 matrices in fp64
+    with singular values (1, 0.5, t). At t = 30 eps the third direction is dropped (the short side's 3 eps would
+    keep it), at t = 130 eps it is kept (the batch size's 200 eps, or all three dims', would drop it). The
+    margins, 27 eps and more, are far above the rounding of the constructed matrices (a few eps)."""
+    eps = torch.finfo(torch.float64).eps
+    g = torch.Generator().manual_seed(4)
+    u = torch.linalg.qr(torch.randn(200, 64, 3, generator=g, dtype=torch.float64)).Q
+    v = torch.linalg.qr(torch.randn(200, 3, 3, generator=g, dtype=torch.float64)).Q
+    t = torch.tensor([30 * eps, 130 * eps], dtype=torch.float64).repeat(100)
+    s = torch.stack([torch.ones_like(t), torch.full_like(t, 0.5), t], dim=-1)
+    x = (u * s.unsqueeze(-2)) @ v.mT
+    kept = orthogonalize(x, "svd", 5, 1e-7, torch.float64).square().sum((-2, -1))  # the rank of U V^T
+    torch.testing.assert_close(kept, torch.tensor([2.0, 3.0], dtype=torch.float64).repeat(100))
