@@ -213,6 +213,17 @@ def test_num_heads_is_refused_for_a_parameter_of_more_than_two_dims():
         Muon([torch.nn.Parameter(torch.randn(8, 4, 3, 3))], num_heads=2)
 
 
+@pytest.mark.parametrize("rows, ok", [(12, True), (24, True), (10, False), (6, False)])
+def test_num_heads_splits_a_parameter_whose_rows_it_divides(rows, ok):
+    """4 heads take 12 and 24 rows (whose bits overlap 4's: `&` for `%` refused them) and refuse 10 and 6."""
+    make = lambda: Muon([torch.nn.Parameter(torch.randn(rows, 8))], num_heads=4)  # noqa: E731
+    if ok:
+        make()
+    else:
+        with pytest.raises(ValueError, match=rf"shape \({rows}, 8\) does not split into num_heads=4"):
+            make()
+
+
 @pytest.mark.parametrize("name", ["gram_newton_schulz", "polar_express", "newton_schulz", "svd"])
 def test_an_orthogonalizer_named_at_run_time_steps_as_its_literal(name):
     """A name read from a config equals the literal but is another object: `is` for `==` in the options' checks
