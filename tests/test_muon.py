@@ -263,3 +263,26 @@ def test_each_options_bound_is_where_its_documentation_puts_it(option, value, ok
     else:
         with pytest.raises(ValueError, match=match):
             Muon([p], **{option: value})
+
+
+def test_the_stages_declarations_compare_orthogonalizer_names_by_value():
+    """direct_dtype, takes_norms and checked read the group's orthogonalizer as a name built at run time (a
+    config's string: equal to the literal, another object); `is` for `==` in each survived every case, which
+    only pass literals. Also direct_dtype's orientation: square and wide results apply directly without `fused`,
+    tall ones only with it (`rows < cols` for `<=` sent square ones through a cast)."""
+    from optimizers.algorithms import muon
+
+    def built(name):  # equal to the literal, another object
+        return "".join(list(name))
+
+    cpu = torch.device("cpu")
+    svd = {"orthogonalizer": built("svd"), "compute_dtype": torch.bfloat16}
+    gram = {"orthogonalizer": built("gram_newton_schulz"), "compute_dtype": torch.bfloat16}
+    pe = {"orthogonalizer": built("polar_express"), "compute_dtype": torch.bfloat16}
+    assert muon.direct_dtype(svd, cpu, 4, 8, True) is None  # svd computes in fp32
+    assert muon.direct_dtype(gram, cpu, 4, 8, True) == torch.float16  # the Gram iteration's dtype for bf16
+    assert muon.direct_dtype(gram, cpu, 4, 8, False) is None
+    assert muon.takes_norms(gram) and not muon.takes_norms(pe)
+    assert muon.checked(gram, 4, 8) and not muon.checked(gram, 8, 8) and not muon.checked(pe, 4, 8)
+    assert [muon.direct_dtype(pe, cpu, r, c, False) for r, c in ((8, 8), (4, 8), (8, 4))] == [
+        torch.bfloat16, torch.bfloat16, None]
