@@ -77,3 +77,42 @@ def test_state_dict_names_the_algorithm_and_a_load_keeps_the_live_record():
 
 def test_the_package_exposes_the_architecture():
     assert {"Muon", "NorMuon", "Algorithm", "MUON", "NORMUON", "REGISTRY"} <= set(optimizers.__all__)
+
+
+def test_records_are_frozen_and_an_algorithm_compares_by_identity():
+    """State keys and algorithm records cannot change once made; a copy of a record with the same stages is
+    another algorithm (a group names its record), and records hash (plans key on them). Their decorators'
+    mutants (frozen=False, eq=True) survived every case: a decorator runs at import, under no case."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MUON.state[0].name = "m"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MUON.name = "muon2"
+    twin = dataclasses.replace(MUON)
+    assert twin != MUON and twin == twin and hash(twin) != hash(MUON) and len({MUON, twin, NORMUON}) == 3
+
+
+def test_an_empty_stack_runs_no_stage():
+    """A megabatch stack of no members (a rank's empty share of an exchange) comes back as it is, before any
+    stage runs: on CUDA a kernel launched over an empty grid is an error."""
+    def refuse(*args):
+        raise AssertionError("a stage ran on an empty stack")
+    record = dataclasses.replace(MUON, orthogonalize=refuse)
+    group = Muon(params((4, 6))).param_groups[0]
+    empty = torch.empty(0, 4, 6)
+    assert record.matrix_update(group, (4, 6))(empty) is empty
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_half_type_parameters_apply_one_by_one_with_the_per_tensor_bits(weight_decay):
+    """decoupled_apply_all of bf16 parameters takes the per-tensor ops (a foreach op rounds its scalar to bf16 on
+    CPU; inverting `foreach_exact` sent them through it); fp32 ones take foreach, with the same bits."""
+    from optimizers.algorithms.base import decoupled_apply, decoupled_apply_all
+    group = {"lr": 0.02, "weight_decay": weight_decay}
+    for dtype in (torch.bfloat16, torch.float32):
+        xs = [p.detach().to(dtype) for p in params((8, 4), (3, 5), seed=1)]
+        updates = [p.grad.to(dtype) for p in params((8, 4), (3, 5), seed=2)]
+        one_by_one = [x.clone() for x in xs]
+        for x, u in zip(one_by_one, updates):
+            decoupled_apply(x, u, {}, group, 0.7)
+        decoupled_apply_all(xs, updates, group, 0.7)
+        assert all(torch.equal(a, b) for a, b in zip(xs, one_by_one)), dtype
