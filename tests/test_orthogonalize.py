@@ -40,17 +40,23 @@ def test_entries_whose_squares_overflow_only_summed_over_the_whole_matrix_are_sc
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape, runs_on", [((2, 40, 24), (2, 24, 40)), ((2, 24, 40), (2, 24, 40)),
-                                            ((2, 24, 24), (2, 24, 24))])
-def test_a_tall_stack_is_orthogonalized_as_its_transpose(shape, runs_on, monkeypatch):
-    """The iteration runs on the short side's Gram: a tall stack's transpose, a wide or square stack as it is
-    (the orientation test's mutants moved it to the long side or never transposed)."""
+@pytest.mark.parametrize("shape, runs_on, transposed", [((2, 40, 24), (2, 24, 40), True),
+                                                        ((2, 24, 40), (2, 24, 40), False),
+                                                        ((2, 24, 24), (2, 24, 24), False)])
+def test_a_tall_stack_is_orthogonalized_as_its_transpose(shape, runs_on, transposed, monkeypatch):
+    """The iteration runs on the short side's Gram: a tall stack's transpose (a transposed view, its rows
+    strided), a wide or square stack as it is (the orientation test's mutants moved it to the long side or never
+    transposed; `>=` for `>` transposed square stacks, which only the strides show)."""
     seen = []
     original = gram.standard_steps
-    monkeypatch.setattr(gram, "standard_steps", lambda x, *a, **k: seen.append(tuple(x.shape)) or original(x, *a, **k))
+
+    def spy(x, *args, **kwargs):
+        seen.append((tuple(x.shape), x.stride(-1) != 1))
+        return original(x, *args, **kwargs)
+    monkeypatch.setattr(gram, "standard_steps", spy)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
     got = orthogonalize(x, "polar_express", 5, 1e-7, torch.float32)
-    assert seen == [runs_on] and got.shape == x.shape
+    assert seen == [(runs_on, transposed)] and got.shape == x.shape
 
 
 @pytest.mark.parametrize("name", ["svd", "gram_newton_schulz"])
