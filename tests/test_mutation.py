@@ -236,6 +236,7 @@ def test_a_listed_equivalent_that_is_killed_is_reported():
     (["--modules", "cases/case.py"], "not a module file"),
     (["--modules", "optimizers/nothing.py"], "not a module file"),
     (["--budget-minutes", "0"], "--budget-minutes"),
+    (["--timeout-base", "0"], "--timeout-base"),
     (["--jobs", "0"], "--jobs"),
     (["--map-tests", "tests/test_nothing.py"], "no test file"),
     (["--modules", "optimizers/norms.py", "--changed-since", "HEAD"], "not both"),

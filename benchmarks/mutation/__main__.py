@@ -3,7 +3,7 @@ harness as the oracle (see benchmarks/mutation/__init__.py).
 
   python -m benchmarks.mutation --session DIR [--modules PATH ...] [--changed-since REV]
          [--budget-minutes N] [--jobs N] [--max-cases N] [--max-gloo N] [--max-tests N]
-         [--map-tests FILE ...] [--map-select SUBSTRING ...] [--report-only]
+         [--timeout-base S] [--map-tests FILE ...] [--map-select SUBSTRING ...] [--report-only]
 
 Judges every mutant of the modules (default: MODULES, in that order) that the session has no verdict
 for, until the budget is spent, then prints the table per module and the survivors not on the
@@ -14,6 +14,7 @@ the same --session to go on where it stopped. Exit status 0, 2 for bad usage (be
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -65,6 +66,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-cases", type=int, default=40, help="single-process cases per mutant (default 40)")
     p.add_argument("--max-gloo", type=int, default=4, help="gloo cases per mutant of distributed code (default 4)")
     p.add_argument("--max-tests", type=int, default=40, help="unit tests per mutant (default 40)")
+    p.add_argument("--timeout-base", type=float, metavar="S",
+                   help="a mutant's time limit: S seconds plus 3 times its judges' measured cost (default: "
+                        "session.Limits.timeout_base; a module of loops that mutants make endless, such as "
+                        "norms.py, judges faster with less, where no judge compiles Triton kernels)")
     p.add_argument("--map-tests", nargs="*", metavar="FILE",
                    help="test files the coverage map runs (default: tests/test_*.py but NOT_MAPPED)")
     p.add_argument("--map-select", nargs="*", default=[], metavar="SUBSTRING",
@@ -83,6 +88,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
             raise Usage(f"--{name.replace('_', '-')} must be >= {1 if name == 'jobs' else 0}")
     if not args.budget_minutes > 0:
         raise Usage("--budget-minutes must be > 0")
+    if args.timeout_base is not None and not args.timeout_base > 0:
+        raise Usage("--timeout-base must be > 0")
     args.map_tests = default_map_tests() if args.map_tests is None else args.map_tests
     for f in args.map_tests:
         if not (ROOT / f).is_file():
@@ -114,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         workers.preload()
         limits = Limits(args.max_cases, args.max_gloo, args.max_tests)
+        if args.timeout_base is not None:
+            limits = dataclasses.replace(limits, timeout_base=args.timeout_base)
         signal.signal(signal.SIGTERM, _stop)
         try:
             finished = session.run(args.modules, args.map_tests, args.map_select, args.budget_minutes * 60,
