@@ -114,3 +114,11 @@ def test_the_limits_are_the_largest_powers_of_two_their_contracts_allow(dtype, f
             return e * math.sqrt(count) <= limit and count * e * e <= summed / 4
         e = entry_limit(count, dtype, factor)
         assert e == 2.0 ** math.floor(math.log2(e)) and holds(e) and not holds(2 * e), (count, e)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 3), (2, 3, 0), (0, 3, 4)])
+def test_an_empty_matrix_is_scaled_by_one(shape):
+    """`downscale` of matrices with no entry: 1 per matrix (the inf norm of an empty dim is an error, so the
+    guard takes them first; its `< 0` mutant let them through)."""
+    got = downscale(torch.empty(shape), (-2, -1), 1.0)
+    assert got.shape == shape[:1] + (1, 1) and bool((got == 1).all())
