@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from optimizers import norms
-from optimizers.norms import denominator, downscale, entry_limit, frobenius, norm_limit
+from optimizers.norms import CASCADE_FROM, denominator, downscale, entry_limit, frobenius, norm_limit, scale_of, scaled_and_cast
 from optimizers.orthogonalize import orthogonalize
 
 
@@ -122,3 +122,51 @@ def test_an_empty_matrix_is_scaled_by_one(shape):
     guard takes them first; its `< 0` mutant let them through)."""
     got = downscale(torch.empty(shape), (-2, -1), 1.0)
     assert got.shape == shape[:1] + (1, 1) and bool((got == 1).all())
+
+
+def test_the_entry_limit_holds_where_the_sum_of_squares_meets_the_quarter_exactly():
+    """4095 x 4097 = 2^24 - 1 fp32 entries of 2^51: their squares sum to exactly a quarter of fp32's largest
+    value, which the limit allows (`<` for `<=` halved it)."""
+    assert entry_limit(4095 * 4097, torch.float32, 1.0) == 2.0 ** 51
+    assert 4095 * 4097 * 2.0 ** 102 == torch.finfo(torch.float32).max / 4
+
+
+def test_a_largest_entry_at_the_limit_keeps_the_scale_one():
+    """`scale_of`: 1 where the largest |entry| is at most the limit, the limit itself included."""
+    top = torch.tensor([2.0 ** 20, 2.0 ** 20 + 1, 3.0])
+    assert scale_of(top, 2.0 ** 20).tolist() == [1.0, 2.0 ** -21, 1.0]
+
+
+def test_the_cpu_norm_is_the_cascade_sum_from_cascade_from_elements():
+    """At exactly CASCADE_FROM elements (256 x 256) the CPU norm is the cascade sum's, whose bits differ from
+    torch's norm kernel here (`<=` for `<` kept torch's)."""
+    x = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    assert x.numel() == CASCADE_FROM
+    cascade = x.square().sum().sqrt()
+    assert torch.equal(frobenius(x, (-2, -1)), cascade) and not torch.equal(cascade, torch.linalg.vector_norm(x))
+
+
+def test_off_the_cpu_the_norm_and_the_cast_are_torchs_device_forms(monkeypatch):
+    """A tensor off the CPU (a meta tensor, as a step's rehearsal holds) takes torch's norm, whatever its count,
+    and the overflow-safe cast's device form, which reads nothing on the host (the CPU form's check would)."""
+    called = []
+    original = torch.linalg.vector_norm
+    monkeypatch.setattr(torch.linalg, "vector_norm", lambda *a, **k: called.append(1) or original(*a, **k))
+    x = torch.empty(2, 256, 256, device="meta")
+    assert frobenius(x, (-2, -1)).shape == (2,) and called
+    cast, norm, scale = scaled_and_cast(x, (-2, -1), 1.0, torch.bfloat16)
+    assert cast.device.type == "meta" and cast.dtype == torch.bfloat16 and scale.shape == (2, 1, 1)
+
+
+def test_fp64_keeps_torchs_norm_at_any_count():
+    """fp64 CPU norms are torch's (its fp64 accumulation is accurate), not the cascade sum, whose bits differ
+    here (`and` for the first `or` of the test sent them to the cascade)."""
+    x = torch.randn(256, 256, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    want = torch.linalg.vector_norm(x)
+    assert torch.equal(frobenius(x, (-2, -1)), want) and not torch.equal(x.square().sum().sqrt(), want)
+
+
+def test_the_entry_limit_of_more_entries_than_the_norm_limits_square_is_below_one():
+    """fp16's norm limit is 2^13: 2^28 entries may each hold at most 2^13 / 2^14 = 0.5. The search starts
+    from an estimate below norm / sqrt(count) (a difference or a floor division there is <= 0: no power of two)."""
+    assert entry_limit(2 ** 28, torch.float16, 1.0) == 0.5
