@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from optimizers import norms
-from optimizers.norms import CASCADE_FROM, denominator, downscale, entry_limit, frobenius, norm_limit, scale_of, scaled_and_cast
+from optimizers.norms import (CASCADE_FROM, denominator, downscale, entry_limit, frobenius, largest_power_of_two,
+                             norm_limit, scale_of, scaled_and_cast)
 from optimizers.orthogonalize import orthogonalize
 
 
@@ -170,3 +171,16 @@ def test_the_entry_limit_of_more_entries_than_the_norm_limits_square_is_below_on
     """fp16's norm limit is 2^13: 2^28 entries may each hold at most 2^13 / 2^14 = 0.5. The search starts
     from an estimate below norm / sqrt(count) (a difference or a floor division there is <= 0: no power of two)."""
     assert entry_limit(2 ** 28, torch.float16, 1.0) == 0.5
+
+
+@pytest.mark.parametrize("estimate", [1.0, 1024.0, 2.0 ** 40, 3e12])
+def test_the_largest_power_of_two_is_found_from_any_estimate(estimate):
+    """From an estimate below the bound the search climbs, from one above it descends (the estimates of
+    norm_limit and entry_limit sit near their bounds, so `p *= 1` in the climb passed every case)."""
+    assert largest_power_of_two(lambda p: p <= 1500.0, estimate) == 1024.0
+
+
+def test_the_norm_limit_leaves_exactly_a_quarter_of_the_range():
+    """factor L <= max / 4: at a factor of 1.9, fp32's limit is still 2^125 (1.9 x 2^125 is below fp32's
+    max / 4 = 1.99999988 x 2^125; a fifth, say, would halve it)."""
+    assert norm_limit(torch.float32, 1.9) == 2.0 ** 125 and norm_limit(torch.float32, 2.0) == 2.0 ** 124
