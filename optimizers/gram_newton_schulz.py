@@ -163,20 +163,20 @@ def normalised(x: torch.Tensor, scale: float, eps: float, compute_dtype: torch.d
         if fused is not None:
             return fused
         x = torch.mul(x, power, out=torch.empty_like(x, dtype=wide))
-        return normalised_by(x, divisor, compute_dtype, wide, kernels)
-    return normalised_by(x, denominator(norm, scale, eps, power), compute_dtype, wide, kernels)
+        return normalised_by(x, divisor, compute_dtype, kernels)
+    return normalised_by(x, denominator(norm, scale, eps, power), compute_dtype, kernels)
 
 
-def normalised_by(x: torch.Tensor, divisor: torch.Tensor, compute_dtype: torch.dtype, wide: torch.dtype,
-                  kernels: Kernels) -> torch.Tensor:
-    """x / divisor (x in `wide`), rounded to `compute_dtype`."""
-    if compute_dtype == wide:
-        return x / divisor
-    # one pass: the quotient is formed in `wide` and rounded to `compute_dtype` as it is written (the bits
-    # of dividing, then casting), in x's memory layout, as the two passes wrote it; on fp32 stacks where `kernels`
-    # allow, by the fused kernel (the same bits)
+def normalised_by(x: torch.Tensor, divisor: torch.Tensor, compute_dtype: torch.dtype, kernels: Kernels) -> torch.Tensor:
+    """x / divisor (the divisor in x's dtype), rounded to `compute_dtype`: in one
+    pass, the quotient formed in at least fp32 and rounded to `compute_dtype` as it is written (the bits of
+    dividing, then casting), in x's memory layout; where `kernels` allow, by the fused kernel (the same bits)."""
     fused = elementwise.divide(x, divisor, compute_dtype, kernels)
-    return torch.div(x, divisor, out=torch.empty_like(x, dtype=compute_dtype)) if fused is None else fused
+    if fused is not None:
+        return fused
+    if compute_dtype == x.dtype:
+        return x / divisor
+    return torch.div(x, divisor, out=torch.empty_like(x, dtype=compute_dtype))
 
 
 def standard_steps(x: torch.Tensor, coefficients: Sequence[Coefficients], kernels: Kernels = TORCH) -> torch.Tensor:

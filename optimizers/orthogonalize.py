@@ -17,7 +17,6 @@ import torch
 
 from typing import Sequence
 
-from optimizers import elementwise
 from optimizers import gram_newton_schulz as gram
 from optimizers.coefficients import normaliser_scale, schedule
 from optimizers.kernels import TORCH, Kernels
@@ -40,9 +39,8 @@ def polynomial(x: torch.Tensor, name: str, steps: int, eps: float, compute_dtype
     factor = normaliser_scale(name)
     limit = entry_limit(x.size(-2) * x.size(-1), compute_dtype, factor)
     x, norm, scale = scaled_and_cast(x, (-2, -1), limit, compute_dtype, kernels)
-    divisor = denominator(norm, factor, eps, scale)
-    fused = elementwise.divide(x, divisor, compute_dtype, kernels)  # one launch, the bits of the torch division
-    x = gram.standard_steps(x / divisor if fused is None else fused, schedule(name, steps), kernels)
+    x = gram.normalised_by(x, denominator(norm, factor, eps, scale), compute_dtype, kernels)
+    x = gram.standard_steps(x, schedule(name, steps), kernels)
     return x.mT if tall else x
 
 
