@@ -146,26 +146,27 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
     case_limit = max_cases
     ran_at_import = line in imported or line in reach.lines.get(module, {})
     first: tuple[str, ...] = ()
-    own = f"tests/test_{module.rsplit('/', 1)[-1].removesuffix('.py')}"
+    stem = module.rsplit("/", 1)[-1].removesuffix(".py")
+    own = (f"tests/test_{stem}.py::", f"tests/test_{stem}_")  # the tests of the module's own test files
     if not cases and not tests and ran_at_import:  # run at import, under no judge
         every = [n for n in reach.lines.get(module, {}) if n != line]
         cases = sorted({c for n in every for c in reach.cases(module, n)})
         # and the module's own tests, which may execute none of its lines (a frozen dataclass's generated
         # __setattr__ and __hash__: matrix_view.py's `frozen=False` passed 443 cases and 200 tests without them)
         tests = sorted({t for n in every for t in reach.tests(module, n)}
-                       | {t for t in reach.test_seconds if t.startswith((own + ".py::", own + "_")) and t not in reach.broken})
+                       | {t for t in reach.test_seconds if t.startswith(own) and t not in reach.broken})
         case_limit = len(cases)
         first = DEFAULTS_TESTS
     cases = sorted(cases, key=lambda c: (reach.case_seconds[c], c))[:case_limit]
     score = naming(text, tests)
-    tests = sorted(tests, key=lambda t: (not (first and t.startswith(first)), not t.startswith((own + ".py::", own + "_")),
+    tests = sorted(tests, key=lambda t: (not (first and t.startswith(first)), not t.startswith(own),
                                          -score[t], reach.test_seconds[t], t))
     tests = tests[:max_tests]
     gloo: list[str] = []
     if not cases and not tests and module.startswith("optimizers/"):
         wanted = ALGORITHMS.get(module)
         gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
-        stem = module.rsplit("/", 1)[-1].removesuffix(".py")  # the test files named for it: their rank pools
+        # the test files named for it: their rank pools
         named = [t for t in reach.test_seconds if stem in t.split("::")[0].rsplit("/", 1)[-1] and t not in reach.broken]
         pools = f"test_distributed_{stem}"  # the rank pools' own file first, however slow
         tests = sorted(named, key=lambda t: (pools not in t.split("::")[0], reach.test_seconds[t], t))[:max_tests]
