@@ -156,6 +156,19 @@ def test_a_line_run_at_import_is_judged_by_its_modules_own_tests_that_execute_no
     assert "tests/test_x.py::frozen" not in selection.plan(reach, "optimizers/x.py", 4, reach.gloo_cases, 1, 4, 5).tests
 
 
+def test_a_subpackages_modules_own_tests_include_the_test_files_named_for_its_packages():
+    """optimizers/algorithms/base.py's frozen records are tested in tests/test_algorithms.py, which executes none of
+    base.py's lines: a decorator mutant of base.py is judged by it; a test file named for no package of the module
+    is not (the control)."""
+    reach = fake_reach()
+    reach.lines["optimizers/algorithms/base.py"] = {1: ([], []), 5: (["c-fast"], ["t1"])}
+    reach.test_seconds.update({"tests/test_algorithms.py::frozen": 0.3, "tests/test_other.py::frozen": 0.3})
+    tests = selection.plan(reach, "optimizers/algorithms/base.py", 1, reach.gloo_cases, 1, 4, 5).tests
+    assert tests == ["tests/test_algorithms.py::frozen", "t1"]
+    assert selection.own_test_prefixes("oracles/spectral.py") == (
+        "tests/test_spectral.py::", "tests/test_spectral_", "tests/test_oracles.py::", "tests/test_oracles_")
+
+
 def test_import_lines_are_module_and_class_statements_and_signatures_not_function_bodies():
     source = ("TABLE = (\n    (1, 2),\n    (3, 4),\n)\n\n\nclass A:\n    X = 1\n\n    def f(self, a=(1,\n"
               "                             2)):\n        return a\n")

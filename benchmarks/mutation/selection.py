@@ -9,8 +9,8 @@
   while its 40 cheapest named tests were all single-process ones), whose rank pools run in processes the map
   does not see;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
-  most `max_tests` (the checkpoint checks are such tests), the module's own test file's among them first
-  (tests/test_<module>.py: the cheapest tests of a line every step runs are other modules' tests, and the
+  most `max_tests` (the checkpoint checks are such tests), the module's own test files' among them first
+  (`own_test_prefixes`, those named for the module or its packages: the cheapest tests of a line every step runs are other modules' tests, and the
   expensive one written for it, such as a large matrix's norm, would never be chosen), then the tests named for
   the line's rarest identifiers (`naming`: a line every case runs can mutate a branch only some reach, such as
   matrix_view.py's `shape[0] // self.num_heads`, whose 40 cheapest tests held no test of num_heads);
@@ -137,6 +137,15 @@ def naming(text: str, tests: list[str]) -> dict[str, float]:
     return score
 
 
+def own_test_prefixes(module: str) -> tuple[str, ...]:
+    """The node-id prefixes of a module's own tests: the test files named for it (tests/test_<stem>.py and
+    tests/test_<stem>_*.py), then those named for each package that holds it
+    (optimizers/algorithms/base.py's frozen records are tested in tests/test_algorithms.py, the oracles in
+    tests/test_oracles*.py)."""
+    names = module.removesuffix(".py").split("/")[::-1]
+    return tuple(p for name in names for p in (f"tests/test_{name}.py::", f"tests/test_{name}_"))
+
+
 def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases: int, max_gloo: int,
          max_tests: int, imported: frozenset[int] = frozenset(), text: str = "") -> Plan:
     """The judges of a mutant of `module` at `line` (see the module docstring); `gloo_cases` are the
@@ -147,7 +156,7 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
     ran_at_import = line in imported or line in reach.lines.get(module, {})
     first: tuple[str, ...] = ()
     stem = module.rsplit("/", 1)[-1].removesuffix(".py")
-    own = (f"tests/test_{stem}.py::", f"tests/test_{stem}_")  # the tests of the module's own test files
+    own = own_test_prefixes(module)
     if not cases and not tests and ran_at_import:  # run at import, under no judge
         every = [n for n in reach.lines.get(module, {}) if n != line]
         cases = sorted({c for n in every for c in reach.cases(module, n)})
