@@ -368,8 +368,10 @@ def test_a_default_variant_that_fails_to_compile_falls_back_to_base(kernel, monk
 def test_a_variant_scope_chooses_the_variant_of_every_call_naming_none(kernel, monkeypatch):
     """Within `variant(name)` (benchmarks) a product that names no variant runs `name`, in place of the default
     and of its stand-in while that compiles; outside it the default again; a call naming one keeps its own; an
-    unknown name is refused. Counted by the variant that ran."""
-    x = stack(1, 32, 32)
+    unknown name is refused. Counted by the variant that ran. The stack is a whole tile, so that "even" runs as
+    itself (a 32 x 32 stack under the GPU's own tiles of 128 ran "base")."""
+    n = 32 if kernel.interpreted() else max(kernel.TILE, kernel.TILE_K)
+    x = stack(1, n, n)
     monkeypatch.setattr(kernel, "WARMING", {"persistent"})
     default = kernel.resolve(None, None, x, x.mT, **tiles(kernel))
     with kernel.variant("base"):
