@@ -1,0 +1,51 @@
+"""optimizers/plan.py's meta stand-ins: the rehearsal runs a step on meta tensors laid out as the real ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimizers import plan
+
+
+def views() -> list[torch.Tensor]:
+    block = torch.zeros(10, 12)
+    return [block[2:5, 3:9], block.mT[1:], block, block[4], torch.zeros(0, 3), torch.zeros(3, 4, 5)[:, 1:, ::2]]
+
+
+@pytest.mark.parametrize("index", range(len(views())))
+def test_a_meta_stand_in_has_the_views_layout_and_a_storage_that_spans_exactly_it(index):
+    """`_meta(t)`: t's shape, strides, dtype and storage offset, on a storage of offset + span elements (span: 1 +
+    sum((n - 1) * stride), 0 for an empty tensor), the least that holds it: the same layout on a real storage of
+    that size is accepted, one element fewer is refused (meta tensors check no bounds, the CPU does)."""
+    t = views()[index]
+    m = plan._meta(t)
+    assert (m.device.type, m.shape, m.stride(), m.storage_offset(), m.dtype) == (
+        "meta", t.shape, t.stride(), t.storage_offset(), t.dtype)
+    size = m.untyped_storage().nbytes() // m.element_size()
+    torch.empty(size).as_strided(t.shape, t.stride(), t.storage_offset())
+    if t.numel():
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            torch.empty(size - 1).as_strided(t.shape, t.stride(), t.storage_offset())
+    else:
+        assert size == 0
+
+
+def test_rows_of_one_contiguous_block_stand_in_as_rows_of_one_meta_block():
+    """`_meta_row`: rows of a contiguous block (momentum_block's buffers) are the same rows of one meta block, so a
+    megabatch's stand-ins are a block too; a row of a non-contiguous base, or a tensor that is no view, is a
+    `_meta` of its own."""
+    block = torch.zeros(4, 6, 8)
+    blocks: dict[int, torch.Tensor] = {}
+    rows = [plan._meta_row(block[i], blocks) for i in (1, 3)]
+    assert list(blocks) == [id(block)] and blocks[id(block)].shape == block.shape
+    for i, row in zip((1, 3), rows):
+        assert row._base is blocks[id(block)]  # (a meta storage's data_ptr is 0 for all)
+        assert (row.shape, row.stride(), row.storage_offset()) == (block[i].shape, block[i].stride(), i * 48)
+    by_columns = torch.empty_strided((4, 6, 8), (1, 32, 4))  # a block whose rows are not contiguous
+    fresh = torch.zeros(6, 8)
+    for t in (by_columns[2], fresh):
+        row = plan._meta_row(t, blocks)
+        assert (row.shape, row.stride(), row.storage_offset()) == (t.shape, t.stride(), t.storage_offset())
+        assert row._base is not blocks[id(block)]
+    assert list(blocks) == [id(block)]
