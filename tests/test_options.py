@@ -160,6 +160,28 @@ def test_a_megabatch_the_plans_graph_captures_steps_in_graph(monkeypatch, cuda_g
     assert seen and any(seen) == graphed, seen
 
 
+def test_the_graphs_limit_is_on_the_stacks_elements(monkeypatch):
+    """Under cuda_graphs=None a megabatch steps in graph only if its stack (members x matrix elements) is within
+    graphs.MAX_NUMEL: with a limit of 100, SHAPES' stack of two 6 x 10 matrices (120 elements) steps outside it,
+    the 60- and 48-element stacks inside."""
+    from optimizers import graphs
+    monkeypatch.setattr(graphs, "MAX_NUMEL", 100)
+    wrapped = []
+    real = kernels.in_graph
+
+    def spied(update):
+        inner = real(update)
+
+        def run(stack, *args, **kwargs):
+            wrapped.append(tuple(stack.shape))
+            return inner(stack, *args, **kwargs)
+        return run
+    monkeypatch.setattr(kernels, "in_graph", spied)
+    opt, _ = make()
+    opt.step()
+    assert wrapped == [(1, 10, 6), (1, 4, 3, 2, 2)]
+
+
 def test_the_default_cpu_step_is_the_torch_step_bit_for_bit(monkeypatch):
     """With no option set, a CPU step takes no kernel, even where triton and its interpreter are there: the
     parameters step to fused=False's bits."""
