@@ -119,6 +119,17 @@ def test_ulp():
     np.testing.assert_array_equal(ulp(np.array([3.0, -0.7]), "fp64"), np.spacing(np.array([3.0, 0.7])))
 
 
+def test_round_direction_scales_the_peak_into_half_to_one():
+    """oracles.rounding.round_direction scales by the power of two that puts the largest |entry| in [0.5, 1) before
+    rounding, as a normaliser's exact scaling does: beside a peak of 1, an fp16 entry of 65 * 2^-30 is a subnormal
+    of that scale and keeps 2^-23; scaled one binade lower (peak in [0.25, 0.5)), it would flush to 0."""
+    from oracles.rounding import round_direction
+    got = round_direction(np.array([1.0, 65 * 2.0**-30]), "fp16")
+    np.testing.assert_array_equal(got, [1.0, 2.0**-23])
+    lower = np.ldexp(round_to(np.ldexp(np.array([1.0, 65 * 2.0**-30]), -2), "fp16"), 2)
+    assert lower[1] == 0.0  # the control: the scale matters for this entry
+
+
 def test_reference_step_by_hand():
     """One step with svd orthogonalizer, sum momentum and Nesterov, computed by hand."""
     x, g = RNG.standard_normal((4, 6)), RNG.standard_normal((4, 6))

@@ -1,11 +1,41 @@
-"""optimizers/plan.py's meta stand-ins: the rehearsal runs a step on meta tensors laid out as the real ones."""
+"""optimizers/plan.py: the parameters a plan steps, the digest the ranks agree on, and the rehearsal's meta stand-ins
+(it runs a step on meta tensors laid out as the real ones)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from optimizers import plan
+from optimizers import Muon, plan
+
+
+@pytest.mark.parametrize("algorithm", ["muon", "normuon", "dion2"])
+def test_an_empty_parameter_with_a_gradient_is_stepped_over(algorithm):
+    """A parameter of no elements (a 0 x 10 matrix, a 6 x 0 one) is left out of the plan: it gets no state and the
+    step does not fail (a megabatch of empty matrices cannot be reshaped); the others step as without it."""
+    def step(with_empty):
+        g = torch.Generator().manual_seed(0)
+        full = torch.nn.Parameter(torch.randn(6, 10, generator=g))
+        empty = [torch.nn.Parameter(torch.zeros(0, 10)), torch.nn.Parameter(torch.zeros(6, 0))] if with_empty else []
+        for p in [full, *empty]:
+            p.grad = torch.ones_like(p)
+        opt = Muon([full, *empty], lr=0.1, algorithm=algorithm)
+        opt.step()
+        assert all(p not in opt.state for p in empty)
+        return full.detach()
+    assert torch.equal(step(True), step(False))
+
+
+def test_the_digest_is_a_distinct_nonnegative_63_bit_int():
+    """plan.digest of a fingerprint: an int in [0, 2^63), so that it and its negation fit the int64 all-reduce of
+    the ranks' agreement (optimizers/agreement.py); distinct fingerprints give distinct digests."""
+    entries = [[(0, i, (i + 1, 3), "torch.float32", "()", True)] for i in range(32)]
+    digests = [plan.digest(e) for e in entries]
+    assert all(type(d) is int and 0 <= d < 2**63 for d in digests)
+    assert len(set(digests)) == len(digests)
+    assert max(digests) >= 2**61  # the high bits are used: a digest is not a small number
+    assert plan.digest(list(entries[3])) == digests[3]
+    torch.tensor([d for x in digests for d in (x, -x)], dtype=torch.int64)
 
 
 def views() -> list[torch.Tensor]:
