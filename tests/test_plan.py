@@ -72,8 +72,9 @@ def test_rows_of_one_contiguous_block_stand_in_as_rows_of_one_meta_block():
     for i, row in zip((1, 3), rows):
         assert row._base is blocks[id(block)]  # (a meta storage's data_ptr is 0 for all)
         assert (row.shape, row.stride(), row.storage_offset()) == (block[i].shape, block[i].stride(), i * 48)
-    placed = torch.empty(0).set_(torch.zeros(200).untyped_storage(), 4, (4, 6, 8))  # a block at offset 4
-    assert plan._meta_row(placed[2], {}).storage_offset() == 2 * 48  # its row 2, in a meta block at offset 0
+    # a block placed at offset 16: its row 1 (at 64) is at 48 in a meta block at offset 0 (64 - 16, not 64 ^ 16)
+    placed = torch.empty(0).set_(torch.zeros(256).untyped_storage(), 16, (4, 6, 8))
+    assert plan._meta_row(placed[1], {}).storage_offset() == 48
     by_columns = torch.empty_strided((4, 6, 8), (1, 32, 4))  # a block whose rows are not contiguous
     fresh = torch.zeros(6, 8)
     for t in (by_columns[2], fresh):
