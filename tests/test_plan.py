@@ -82,3 +82,24 @@ def test_rows_of_one_contiguous_block_stand_in_as_rows_of_one_meta_block():
         assert (row.shape, row.stride(), row.storage_offset()) == (t.shape, t.stride(), t.storage_offset())
         assert row._base is not blocks[id(block)]
     assert list(blocks) == [id(block)]
+
+
+def test_a_momentum_block_is_made_only_for_a_key_of_the_parameters_shape():
+    """plan.momentum_block makes the rows of one zero block the state `key` of a megabatch without state, only where
+    the algorithm's state holds `key` itself shaped like the parameter: not for a key of another shape, though a
+    key named before it (by sort order) is the parameter's shape, and not for a key shaped like a prefix of it."""
+    from types import SimpleNamespace
+
+    from optimizers.algorithms.base import StateKey, parameter_shape
+
+    params = tuple(torch.zeros(4, 6) for _ in range(3))
+    batch = plan.Megabatch((4, 6), params, None)
+
+    def made(*keys):
+        state = {p: {} for p in params}
+        plan.momentum_block("m", SimpleNamespace(state=keys), {}, batch, state)
+        return [sorted(s) for s in state.values()]
+    assert made(StateKey("m", parameter_shape)) == [["m"]] * 3
+    assert made(StateKey("a", parameter_shape), StateKey("m", lambda shape, group: shape[:1])) == [[]] * 3
+    assert made(StateKey("m", lambda shape, group: shape[:1] + (5,))) == [[]] * 3
+    assert made(StateKey("m", None)) == [[]] * 3
