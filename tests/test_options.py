@@ -132,13 +132,11 @@ def test_a_product_in_a_graph_takes_the_kernel_from_graphed_rows(monkeypatch):
 
 def test_the_measured_thresholds_are_the_documented_ones():
     """The sizes from which the default splits products into blocks (2048 rows, at most 4 blocks) and takes the
-    kernel (2048 rows; 256 in a graph), and from which a half-precision result is applied directly (2^22
-    elements): measured choices that the docs quote (docs/gpu-speed.md; performance.md sections 14 and 15), so a changed one is a failing test and a CHANGELOG entry, as a changed default is."""
+    kernel (2048 rows; 256 in a graph): measured choices that the docs quote (docs/gpu-speed.md; performance.md
+    sections 14 and 15), so a changed one is a failing test and a CHANGELOG entry, as a changed default is."""
     from optimizers import symmetric
     assert [symmetric.blocks(m) for m in (2047, 2048, 3071, 3072, 4096, 8192)] == [1, 2, 2, 3, 4, 4]
     assert (symmetric.TRITON_ROWS, symmetric.GRAPHED_ROWS) == (2048, 256)
-    from optimizers import plan
-    assert plan.DIRECT_APPLY_NUMEL == 2**22  # docs/gpu-speed.md: 2^22+ elements apply a wide result directly
 
 
 @pytest.mark.parametrize("cuda_graphs, max_numel, graphed", [(None, None, True), (True, 10, True),

@@ -26,6 +26,13 @@ def test_an_empty_parameter_with_a_gradient_is_stepped_over(algorithm):
     assert torch.equal(step(True), step(False))
 
 
+def test_the_direct_apply_threshold_is_the_documented_one():
+    """Parameters of 2^22 elements or more apply a half-precision result directly (docs/gpu-speed.md): a measured
+    choice the docs quote, so a changed one is a failing test and a CHANGELOG entry (the step's bits are the same
+    either side of it)."""
+    assert plan.DIRECT_APPLY_NUMEL == 2**22
+
+
 def test_the_digest_is_a_distinct_nonnegative_63_bit_int():
     """plan.digest of a fingerprint: an int in [0, 2^63), so that it and its negation fit the int64 all-reduce of
     the ranks' agreement (optimizers/agreement.py); distinct fingerprints give distinct digests."""
