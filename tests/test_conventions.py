@@ -329,3 +329,25 @@ def test_an_orthogonalizers_options_are_keyword_only():
         Orthogonalizer.polynomial([(3.0, -3.2, 1.2)], 1e-7)
     assert Orthogonalizer.named(name="newton_schulz", steps=3) == Orthogonalizer.named("newton_schulz", steps=3)
     assert Orthogonalizer.polynomial(schedule=[(3.0, -3.2, 1.2)], eps=1e-7).schedule == ((3.0, -3.2, 1.2),)
+
+
+@pytest.mark.parametrize("dims, expected", [("flattened", (8, 36)), ("last_two", (3, 3)), ("first_two", (8, 4))])
+def test_fans_of_a_conv_weight_under_each_lr_dims(dims, expected):
+    """oracles.conventions.fans of an 8 x 4 x 3 x 3 weight: each LR_DIMS convention takes its own dims."""
+    from oracles.conventions import fans
+    assert fans((8, 4, 3, 3), dims) == expected
+
+
+def test_an_unknown_orthogonalizer_name_is_refused():
+    """Orthogonalizer.named refuses a name that is none of ORTHOGONALIZERS, whichever way it sorts against them."""
+    for name in ("zzz", "qr", "nonexistent"):
+        with pytest.raises(ValueError, match="unknown orthogonalizer"):
+            Orthogonalizer.named(name)
+
+
+def test_stochastic_rounding_is_named_among_what_the_target_holds():
+    """Conventions.held_formats names U stochastically rounded to the compute dtype (the reference takes its
+    expectation), and nothing of it under round-to-nearest."""
+    stochastic = Conventions(orthogonalizer=NS, compute_dtype="bf16", rounding="stochastic").held_formats()
+    assert "stochastically rounded to bf16" in stochastic
+    assert "stochastic" not in Conventions(orthogonalizer=NS, compute_dtype="bf16").held_formats()

@@ -93,8 +93,8 @@ def test_rows_of_one_contiguous_block_stand_in_as_rows_of_one_meta_block():
 
 def test_a_momentum_block_is_made_only_for_a_key_of_the_parameters_shape():
     """plan.momentum_block makes the rows of one zero block the state `key` of a megabatch without state, only where
-    the algorithm's state holds `key` itself shaped like the parameter: not for a key of another shape, though a
-    key named before it (by sort order) is the parameter's shape, and not for a key shaped like a prefix of it."""
+    the algorithm's state holds `key` itself shaped like the parameter: not for a key of another shape, though
+    keys named before and after it (by sort order) are the parameter's shape, and not for a key shaped like a prefix of it."""
     from types import SimpleNamespace
 
     from optimizers.algorithms.base import StateKey, parameter_shape
@@ -107,6 +107,51 @@ def test_a_momentum_block_is_made_only_for_a_key_of_the_parameters_shape():
         plan.momentum_block("m", SimpleNamespace(state=keys), {}, batch, state)
         return [sorted(s) for s in state.values()]
     assert made(StateKey("m", parameter_shape)) == [["m"]] * 3
-    assert made(StateKey("a", parameter_shape), StateKey("m", lambda shape, group: shape[:1])) == [[]] * 3
+    assert made(StateKey("a", parameter_shape), StateKey("m", lambda shape, group: shape[:1]),
+                StateKey("z", parameter_shape)) == [[]] * 3
     assert made(StateKey("m", lambda shape, group: shape[:1] + (5,))) == [[]] * 3
     assert made(StateKey("m", None)) == [[]] * 3
+
+
+def test_the_cache_key_changes_exactly_with_what_a_plan_depends_on():
+    """plan.cache_key: a changed option (not lr or weight_decay), a gradient's presence or kind, a replaced state
+    tensor, or a step count turned invalid changes the key; lr, weight_decay, new gradient values and a step count
+    counting on (any int >= 0) do not. A parameter without a gradient has a key too."""
+    p, q = torch.zeros(4, 6), torch.zeros(4, 6)
+    p.grad = torch.ones(4, 6)
+    group = {"params": [p, q], "momentum": 0.95, "lr": 0.1, "weight_decay": 0.0, "betas": [0.9, 0.95],
+             "variance_eps": 1e-8}  # options named before and after "params"
+    buffer = torch.zeros(4, 6)
+
+    def key(step=3, **changes):
+        return plan.cache_key([{**group, **changes}], {p: {"momentum_buffer": buffer, "step": step}})[0]
+    base = key()
+    for same in (key(lr=0.5, weight_decay=0.1), key(step=0), key(step=7)):
+        assert same == base
+    p.grad = torch.full((4, 6), 2.0)
+    assert key() == base
+    for changed in (key(momentum=0.9), key(betas=[0.9, 0.99]), key(variance_eps=0.0), key(step=-1), key(step=1.0), key(step=True),
+                    key(params=[p])):
+        assert changed != base
+    p.grad = torch.ones(4, 6).to_sparse()  # a gradient of another layout
+    assert key() != base
+    p.grad = None
+    assert key() != base
+    assert plan.cache_key([group], {p: {"momentum_buffer": torch.zeros(4, 6), "step": 3}})[0] != base
+
+
+@pytest.mark.parametrize("devices, compiles", [([], False), (["cuda:0"], True), (["cuda:0", "cuda:0"], True), (["cpu"], False),
+                                               (["meta"], False), (["cuda:0", "cuda:1"], False),
+                                               (["cpu", "cuda:0"], False)])
+def test_kernels_are_compiled_ahead_only_for_megabatches_on_one_cuda_device(monkeypatch, devices, compiles):
+    """plan.compile_ahead compiles (compile_for) only where the single-process megabatches lie on one CUDA device
+    and a group takes kernels there (none where there is no such megabatch); stand-in plans, with kernels taken everywhere, so that the devices decide."""
+    from types import SimpleNamespace
+
+    from optimizers import kernels
+
+    monkeypatch.setattr(kernels, "of", lambda fused, t: SimpleNamespace(on=True))
+    monkeypatch.setattr(plan, "compile_for", lambda plans, state, device: 7)
+    batches = [SimpleNamespace(params=[SimpleNamespace(device=torch.device(d))], layout=None) for d in devices]
+    plans = [SimpleNamespace(group={"fused": None}, megabatches=batches)]
+    assert plan.compile_ahead(plans, {}) == (7 if compiles else 0)
