@@ -155,3 +155,15 @@ def test_kernels_are_compiled_ahead_only_for_megabatches_on_one_cuda_device(monk
     batches = [SimpleNamespace(params=[SimpleNamespace(device=torch.device(d))], layout=None) for d in devices]
     plans = [SimpleNamespace(group={"fused": None}, megabatches=batches)]
     assert plan.compile_ahead(plans, {}) == (7 if compiles else 0)
+
+
+@pytest.mark.parametrize("record", ["Megabatch", "Paths", "GroupPlan"])
+def test_a_plans_records_are_frozen(record):
+    """A cached plan is shared by every step that hits its key: its records cannot be changed in place."""
+    import dataclasses
+
+    cls = getattr(plan, record)
+    fields = dataclasses.fields(cls)
+    made = cls(*[None] * len(fields))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, fields[0].name, 1)
