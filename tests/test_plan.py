@@ -167,3 +167,24 @@ def test_a_plans_records_are_frozen(record):
     made = cls(*[None] * len(fields))
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(made, fields[0].name, 1)
+
+
+def test_a_declared_apply_without_a_foreach_form_applies_parameter_by_parameter():
+    """An Apply stage that declares no foreach (nor fused) form is run per parameter, with the bits of the stock
+    apply's foreach form."""
+    import dataclasses
+
+    from optimizers import MUON
+    from optimizers.algorithms.base import decoupled_apply
+    from optimizers.algorithms.stages import Apply
+
+    def step(algorithm):
+        g = torch.Generator().manual_seed(2)
+        ps = [torch.nn.Parameter(torch.randn(6, 10, generator=g)) for _ in range(3)]
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g)
+        Muon(ps, lr=0.1, weight_decay=0.1, algorithm=algorithm).step()
+        return [p.detach() for p in ps]
+    plain = dataclasses.replace(MUON, apply=Apply(decoupled_apply))
+    assert plain.apply.foreach is None
+    assert all(torch.equal(a, b) for a, b in zip(step(plain), step(MUON)))
