@@ -351,3 +351,24 @@ def test_stochastic_rounding_is_named_among_what_the_target_holds():
     stochastic = Conventions(orthogonalizer=NS, compute_dtype="bf16", rounding="stochastic").held_formats()
     assert "stochastically rounded to bf16" in stochastic
     assert "stochastic" not in Conventions(orthogonalizer=NS, compute_dtype="bf16").held_formats()
+
+
+@pytest.mark.parametrize("shape, expected", [((8, 2), 2.0), ((2, 8), 1.0), ((6, 4), math.sqrt(1.5))])
+def test_the_clamped_spectral_lr_scale_is_never_below_one(shape, expected):
+    """lr_scale "spectral_norm_clamped": sqrt(max(1, fan_out / fan_in)); a wide matrix keeps lr as it is."""
+    from oracles.conventions import lr_scale
+    assert lr_scale(shape, "spectral_norm_clamped", "flattened") == pytest.approx(expected, rel=1e-15)
+
+
+def test_a_computed_orthogonalizer_name_is_read_by_value():
+    """A name built at run time (read from a file, joined) is the same name as the literal: "none" built from
+    its halves is the identity orthogonalizer, not an unknown name."""
+    assert Orthogonalizer.named("".join(["no", "ne"])) == Orthogonalizer.named("none")
+
+
+@pytest.mark.parametrize("record, field", [(Orthogonalizer.named("none"), "kind"),
+                                           (Conventions(orthogonalizer=NS), "momentum")])
+def test_the_conventions_records_are_frozen(record, field):
+    """An oracle's conventions are values shared by every case that names them: they cannot be changed in place."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(record, field, "ema")
