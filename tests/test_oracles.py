@@ -173,3 +173,22 @@ def test_spectral_map_survives_values_whose_squares_underflow():
     g = np.array([[5.7e-163, 0.0], [0.0, 2.0e-163]])
     expect = spectral_map(g * 1e160, spec.schedule, spec.normaliser)
     np.testing.assert_allclose(spectral_map(g, spec.schedule, spec.normaliser), expect, rtol=1e-12)
+
+
+def test_normuon_reference_trailing_rows_restore_each_slices_norm():
+    """oracles.normuon_reference.normalise_rows with rows "trailing" restores each trailing slice's own norm (slices
+    of norms about 1 and 10 keep them) and leaves an all-zero slice zero; the rows names are read by value (a name
+    built at run time gives the literal's result)."""
+    from oracles.normuon_reference import NorMuonHyper, initial_variance, normalise_rows
+    o = np.zeros((3, 3, 4))
+    o[0], o[1] = RNG.standard_normal((3, 4)), 10 * RNG.standard_normal((3, 4))
+    hyper = NorMuonHyper(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0, flatten=False)
+    rows = "".join(["trail", "ing"])
+    got, _ = normalise_rows(o, initial_variance(o.shape, False, rows), hyper, rows=rows)
+    assert np.all(np.isfinite(got)) and np.all(got[2] == 0.0)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=(1, 2)), np.linalg.norm(o, axis=(1, 2)), rtol=1e-12)
+    flat = NorMuonHyper(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0, flatten=True)
+    built = "".join(["mat", "rix"])
+    got, v = normalise_rows(o, initial_variance(o.shape, True, built), flat, rows=built)
+    want, w = normalise_rows(o, initial_variance(o.shape, True, "matrix"), flat, rows="matrix")
+    assert v.shape == w.shape == (1, 3) and np.array_equal(got, want)
