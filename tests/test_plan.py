@@ -126,6 +126,8 @@ def test_the_cache_key_changes_exactly_with_what_a_plan_depends_on():
     def key(step=3, **changes):
         return plan.cache_key([{**group, **changes}], {p: {"momentum_buffer": buffer, "step": step}})[0]
     base = key()
+    built = {"".join(["par", "ams"]) if k == "params" else k: v for k, v in group.items()}  # a run-time "params"
+    assert plan.cache_key([built], {p: {"momentum_buffer": buffer, "step": 3}})[0] == base
     for same in (key(lr=0.5, weight_decay=0.1), key(step=0), key(step=7)):
         assert same == base
     p.grad = torch.full((4, 6), 2.0)
