@@ -190,3 +190,11 @@ def test_a_declared_apply_without_a_foreach_form_applies_parameter_by_parameter(
     plain = dataclasses.replace(MUON, apply=Apply(decoupled_apply))
     assert plain.apply.foreach is None
     assert all(torch.equal(a, b) for a, b in zip(step(plain), step(MUON)))
+
+
+def test_the_fingerprint_says_which_parameters_have_a_gradient():
+    """plan.fingerprint: per parameter (group, index, shape, dtype, placements, has a gradient), in order."""
+    p, q = torch.zeros(4, 6), torch.zeros(3)
+    p.grad = torch.ones(4, 6)
+    assert plan.fingerprint([{"params": [p]}, {"params": [q]}]) == [
+        (0, 0, (4, 6), "torch.float32", "()", True), (1, 0, (3,), "torch.float32", "()", False)]
