@@ -215,6 +215,18 @@ def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     assert selection.plan(reach, "oracles/y.py", 9, reach.gloo_cases, 40, 4, 40).empty
 
 
+def test_a_line_naming_distributed_things_gets_gloo_cases_after_its_own_judges():
+    """A line single-process cases run but whose branch only ranks take (`process_group is not None and ...`) is
+    judged by the gloo cases too; a line naming nothing distributed, or an oracle's, is not (the controls)."""
+    reach = fake_reach()
+    p = selection.plan(reach, "optimizers/x.py", 3, reach.gloo_cases, 40, 2, 40,
+                       text="if process_group is not None and uses_mesh_layout(p):")
+    assert p.cases == ["c-fast", "c-slow"] and p.gloo == ["muon/a/ws2", "dion2-f0.5/c/ws2"] and p.tests == ["t1"]
+    assert selection.plan(reach, "optimizers/x.py", 3, reach.gloo_cases, 40, 2, 40, text="x = a + b").gloo == []
+    reach.lines["oracles/y.py"] = {3: (["c-fast"], [])}
+    assert selection.plan(reach, "oracles/y.py", 3, reach.gloo_cases, 40, 2, 40, text="mesh = 1").gloo == []
+
+
 def test_the_reach_map_round_trips(tmp_path):
     reach = fake_reach()
     reach.save(tmp_path / "reach.json")

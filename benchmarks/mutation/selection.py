@@ -3,8 +3,9 @@
 - numerical code: the single-process CI cases that execute the mutated line, cheapest first, at
   most `max_cases`;
 - optimizer code that no single-process case and no unit test executes in-process (distributed
-  paths): the gloo cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code),
-  spread over the tier, at most `max_gloo`, and the tests of the files named for the module
+  paths), and, after their single-process cases, lines that name distributed things (DISTRIBUTED): the gloo
+  cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code), spread over
+  the tier, at most `max_gloo`; for code no single-process judge runs, also the tests of the files named for the module
   (tests/test_distributed_normuon.py for normuon.py, first however slow: dion2.py's local-scope labels survived
   while its 40 cheapest named tests were all single-process ones), whose rank pools run in processes the map
   does not see;
@@ -42,6 +43,12 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 """The algorithms (first part of a case id, before any '-') whose gloo cases judge a module; a module
 not named here is shared by every algorithm."""
+
+
+DISTRIBUTED = re.compile(r"process_group|placement|DTensor|mesh|layout|rank|shard|world", re.IGNORECASE)
+"""Names on an optimizer line that single-process judges execute but whose branch only ranks take: such a line is
+judged by gloo cases too (plan.py's `process_group is not None and uses_mesh_layout(...)` mutated to `is None`
+passed 40 single-process cases and 173 tests, and failed a tensor-parallel gloo case at ratio 1.3e13)."""
 
 
 DEFAULTS_TESTS = ("tests/test_defaults.py::test_defaults_step_as_documented",)
@@ -172,8 +179,10 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
                                          -score[t], reach.test_seconds[t], t))
     tests = tests[:max_tests]
     gloo: list[str] = []
+    wanted = ALGORITHMS.get(module)
+    if module.startswith("optimizers/") and (cases or tests) and DISTRIBUTED.search(text):
+        gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
     if not cases and not tests and module.startswith("optimizers/"):
-        wanted = ALGORITHMS.get(module)
         gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
         # the test files named for it: their rank pools
         named = [t for t in reach.test_seconds if stem in t.split("::")[0].rsplit("/", 1)[-1] and t not in reach.broken]
