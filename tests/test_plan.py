@@ -198,3 +198,11 @@ def test_the_fingerprint_says_which_parameters_have_a_gradient():
     p.grad = torch.ones(4, 6)
     assert plan.fingerprint([{"params": [p]}, {"params": [q]}]) == [
         (0, 0, (4, 6), "torch.float32", "()", True), (1, 0, (3,), "torch.float32", "()", False)]
+
+
+def test_a_parameter_without_a_gradient_does_not_stop_the_ones_after_it():
+    """The plan leaves out a parameter without a gradient and steps every later one."""
+    ps = [torch.nn.Parameter(torch.ones(4, 6)) for _ in range(3)]
+    ps[0].grad, ps[2].grad = torch.ones(4, 6), torch.ones(4, 6)
+    Muon(ps, lr=0.1).step()
+    assert [bool(torch.equal(p, torch.ones(4, 6))) for p in ps] == [False, True, False]
