@@ -206,3 +206,25 @@ def test_a_parameter_without_a_gradient_does_not_stop_the_ones_after_it():
     ps[0].grad, ps[2].grad = torch.ones(4, 6), torch.ones(4, 6)
     Muon(ps, lr=0.1).step()
     assert [bool(torch.equal(p, torch.ones(4, 6))) for p in ps] == [False, True, False]
+
+
+def test_an_elementwise_group_does_not_stop_the_groups_after_it():
+    """A plan of an elementwise group (AdamW) followed by a matrix group steps both."""
+    a, m = torch.nn.Parameter(torch.ones(5)), torch.nn.Parameter(torch.ones(4, 6))
+    a.grad, m.grad = torch.ones(5), torch.ones(4, 6)
+    Muon([{"params": [a], "algorithm": "adamw"}, {"params": [m]}], lr=0.1).step()
+    assert not torch.equal(a, torch.ones(5)) and not torch.equal(m, torch.ones(4, 6))
+
+
+def test_an_algorithm_switched_in_writes_its_missing_defaults_into_the_group():
+    """A group switched to another algorithm between steps takes that algorithm's defaults for the options it
+    lacked, written into the live param group once the step has checked every group."""
+    p = torch.nn.Parameter(torch.ones(4, 6))
+    p.grad = torch.ones(4, 6)
+    opt = Muon([p], lr=0.1)
+    opt.step()
+    assert "beta2" not in opt.param_groups[0]
+    opt.param_groups[0]["algorithm"] = "normuon"
+    opt.state.clear()
+    opt.step()
+    assert opt.param_groups[0]["beta2"] == 0.95
