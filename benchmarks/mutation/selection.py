@@ -5,16 +5,18 @@
 - optimizer code that no single-process case and no unit test executes in-process (distributed
   paths), and, after their single-process cases, lines that name distributed things (DISTRIBUTED): the gloo
   cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code), spread over
-  the tier, at most `max_gloo`; for code no single-process judge runs, also the tests of the files named for the module
+  the tier, at most `max_gloo`; for code no single-process judge runs, also the tests of the files named for
+  the module
   (tests/test_distributed_normuon.py for normuon.py, first however slow: dion2.py's local-scope labels survived
   while its 40 cheapest named tests were all single-process ones), whose rank pools run in processes the map
   does not see;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
   most `max_tests` (the checkpoint checks are such tests), the module's own test files' among them first
-  (`own_test_prefixes`, those named for the module or its packages: the cheapest tests of a line every step runs are other modules' tests, and the
-  expensive one written for it, such as a large matrix's norm, would never be chosen), then the tests named for
-  the line's rarest identifiers (`naming`: a line every case runs can mutate a branch only some reach, such as
-  matrix_view.py's `shape[0] // self.num_heads`, whose 40 cheapest tests held no test of num_heads);
+  (`own_test_prefixes`, those named for the module or its packages: the cheapest tests of a line every step
+  runs are other modules' tests, and the expensive one written for it, such as a large matrix's norm, would
+  never be chosen), then the tests named for the line's rarest identifiers (`naming`: a line every case runs
+  can mutate a branch only some reach, such as matrix_view.py's `shape[0] // self.num_heads`, whose 40
+  cheapest tests held no test of num_heads);
 - code that runs when the module is imported (its constants, default tables and declarations,
   `import_lines`: the map sees it run under no case or test, or a table's later lines not at all): every
   case that executes any line of the module, cheapest first, and its `max_tests` tests: first those that build
@@ -179,12 +181,11 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
                                          -score[t], reach.test_seconds[t], t))
     tests = tests[:max_tests]
     gloo: list[str] = []
-    wanted = ALGORITHMS.get(module)
-    if module.startswith("optimizers/") and (cases or tests) and DISTRIBUTED.search(text):
+    unreached = not cases and not tests
+    if module.startswith("optimizers/") and (unreached or DISTRIBUTED.search(text)):
+        wanted = ALGORITHMS.get(module)
         gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
-    if not cases and not tests and module.startswith("optimizers/"):
-        gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
-        # the test files named for it: their rank pools
+    if unreached and module.startswith("optimizers/"):  # the test files named for it: their rank pools
         named = [t for t in reach.test_seconds if stem in t.split("::")[0].rsplit("/", 1)[-1] and t not in reach.broken]
         pools = f"test_distributed_{stem}"  # the rank pools' own file first, however slow
         tests = sorted(named, key=lambda t: (pools not in t.split("::")[0], reach.test_seconds[t], t))[:max_tests]
