@@ -264,6 +264,8 @@ def test_a_listed_equivalent_that_is_killed_is_reported():
     (["--timeout-base", "0"], "--timeout-base"),
     (["--jobs", "0"], "--jobs"),
     (["--map-tests", "tests/test_nothing.py"], "no test file"),
+    (["--survivors-against", "tests/test_nothing.py"], "--survivors-against: no test file"),
+    (["--survivors-against", "tests/test_defaults.py", "--report-only"], "not both"),
     (["--modules", "optimizers/norms.py", "--changed-since", "HEAD"], "not both"),
     (["--changed-since", "no-such-revision-anywhere"], "--changed-since"),
 ])
@@ -359,3 +361,35 @@ def test_gloo_judges_cover_the_layouts_before_repeating_one():
     assert selection.spread(ids, 2) == [ids[0], ids[6]]
     assert not any("shard1" in ids[i * len(ids) // 3] for i in range(3))
     assert selection.layout_of(ids[7]) == ("global", "shard0") and selection.layout_of("muon/a/ws2") == ("", "a")
+
+
+def test_survivors_are_judged_again_against_whole_test_files_and_the_run_resumes(tmp_path):
+    """--survivors-against (the CUDA test files on a GPU machine, for lines only CUDA runs): a survivor the
+    files kill becomes killed, one they pass keeps what it passed before, a reviewed equivalent is not judged,
+    and a second run finds nothing left. Run in a fresh interpreter, as above."""
+    module = "optimizers/algorithms/normuon.py"
+    session = Session(tmp_path / "session", ROOT)
+    made, listed = session.mutants(module), equivalent.load()
+    killable = next(m for m in made if '"beta2": 1.95' in m.after)  # the defaults test kills it
+    passing = next(m for m in made if "placement.dim" in m.before and m.signature not in listed)  # distributed code
+    listed = next(m for m in made if m.signature in listed)
+    for m in (killable, passing, listed):
+        session.record(Verdict(m.key, m.module, m.line, m.before, m.after, "survived", "passed 3 cpu cases", 1.0))
+    files = ["tests/test_defaults.py"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.mutation", "--session", str(session.path), "--modules",
+                           module, "--survivors-against", *files, "--jobs", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = session.verdicts()
+    assert got[killable.key].status == "killed" and "test_defaults" in got[killable.key].by
+    assert got[killable.key].by.endswith("(a survivor judged again)")
+    assert got[passing.key].status == "survived"
+    assert got[passing.key].by == "passed 3 cpu cases; then passed tests/test_defaults.py"
+    assert got[listed.key].by == "passed 3 cpu cases"
+    assert "2 survivors to judge against 1 test files" in done.stderr
+    import io
+    log = io.StringIO()
+    from benchmarks.mutation.session import Limits
+    assert session.rejudge([module], files, set(equivalent.load()), 60.0, 1, Limits(), log)
+    assert "0 survivors to judge" in log.getvalue() and session.verdicts() == got

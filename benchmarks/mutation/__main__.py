@@ -3,12 +3,17 @@ harness as the oracle (see benchmarks/mutation/__init__.py).
 
   python -m benchmarks.mutation --session DIR [--modules PATH ...] [--changed-since REV]
          [--budget-minutes N] [--jobs N] [--max-cases N] [--max-gloo N] [--max-tests N]
-         [--timeout-base S] [--map-tests FILE ...] [--map-select SUBSTRING ...] [--report-only]
+         [--timeout-base S] [--map-tests FILE ...] [--map-select SUBSTRING ...]
+         [--survivors-against FILE ...] [--report-only]
 
 Judges every mutant of the modules (default: MODULES, in that order) that the session has no verdict
 for, until the budget is spent, then prints the table per module and the survivors not on the
 reviewed list of equivalent mutants; the table is also written to DIR/table.md. Run it again with
 the same --session to go on where it stopped. Exit status 0, 2 for bad usage (before any work).
+
+With --survivors-against, the session's survivors not on the reviewed list are judged again, each
+against the whole of the given test files (no map): on a GPU machine, the CUDA test files judge the
+lines that only CUDA runs (docs/performance.md, section 19, has the command).
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ negative controls' tests, so a mutated oracle that lets a control pass is killed
 NOT_MAPPED = ("tests/test_conformance.py",)
 """Test files the coverage map leaves out by default: the CI tier run through pytest, whose cases the
 map already holds as the harness's own judges."""
+
+
+AGAIN_TIMEOUT = 600.0
+"""Seconds a survivor judged again may take by default: the whole of its test files (on a GPU, the CUDA
+ones, with Triton compiling each kernel the mutant changes)."""
 
 
 class Usage(Exception):
@@ -74,6 +84,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="test files the coverage map runs (default: tests/test_*.py but NOT_MAPPED)")
     p.add_argument("--map-select", nargs="*", default=[], metavar="SUBSTRING",
                    help="map (and so judge with) only the CI cases whose id contains one of these (default: all)")
+    p.add_argument("--survivors-against", nargs="+", metavar="FILE",
+                   help="judge the session's survivors (not on the reviewed list) again against these whole test "
+                        "files, each within --timeout-base seconds (default 600)")
     p.add_argument("--report-only", action="store_true", help="print the session's table; judge nothing")
     args = p.parse_args(argv)
     if args.modules and args.changed_since:
@@ -91,9 +104,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.timeout_base is not None and not args.timeout_base > 0:
         raise Usage("--timeout-base must be > 0")
     args.map_tests = default_map_tests() if args.map_tests is None else args.map_tests
-    for f in args.map_tests:
-        if not (ROOT / f).is_file():
-            raise Usage(f"--map-tests: no test file {f!r}")
+    for option in ("map_tests", "survivors_against"):
+        for f in getattr(args, option) or []:
+            if not (ROOT / f).is_file():
+                raise Usage(f"--{option.replace('_', '-')}: no test file {f!r}")
+    if args.survivors_against and args.report_only:
+        raise Usage("give --survivors-against or --report-only, not both")
     if args.session.exists() and not args.session.is_dir():
         raise Usage(f"--session {args.session}: not a directory")
     return args
@@ -125,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             limits = dataclasses.replace(limits, timeout_base=args.timeout_base)
         signal.signal(signal.SIGTERM, _stop)
         try:
-            finished = session.run(args.modules, args.map_tests, args.map_select, args.budget_minutes * 60,
-                                   args.jobs, limits, sys.stderr)
+            if args.survivors_against:
+                limits = dataclasses.replace(limits, timeout_base=args.timeout_base or AGAIN_TIMEOUT)
+                finished = session.rejudge(args.modules, args.survivors_against, set(equivalents),
+                                           args.budget_minutes * 60, args.jobs, limits, sys.stderr)
+            else:
+                finished = session.run(args.modules, args.map_tests, args.map_select, args.budget_minutes * 60,
+                                       args.jobs, limits, sys.stderr)
         except ValueError as exc:  # a module changed since the session made its mutants
             print(f"python -m benchmarks.mutation: error: {exc}", file=sys.stderr)
             return 2

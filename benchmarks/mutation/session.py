@@ -133,60 +133,89 @@ class Session:
         todo = {m: self.mutants(m) for m in modules}
         the_map = self.reach(modules, test_files, select, log)
         done = self.verdicts()
+        originals = {m: (self.root / m).read_text() for m in modules}
+
+        def judged_by(mutant: Mutant) -> tuple[selection.Plan, float]:
+            p = selection.plan(the_map, mutant.module, mutant.line, the_map.gloo_cases, limits.max_cases,
+                               limits.max_gloo, limits.max_tests, selection.import_lines(originals[mutant.module]),
+                               mutant.before)
+            return p, limits.timeout_base + limits.timeout_factor * selection.estimated_seconds(the_map, p,
+                                                                                                GLOO_SECONDS)
+
         queue = [mu for module in modules for mu in todo[module] if mu.key not in done]
         print(f"{len(queue)} mutants to judge in {len(modules)} modules ({len(done)} judged before)",
               file=log, flush=True)
+        return self._judge(queue, judged_by, {}, originals, start, budget_s, jobs, log)
+
+    def rejudge(self, modules: list[str], test_files: list[str], skip: set[tuple[str, str, str]], budget_s: float,
+                jobs: int, limits: Limits, log: TextIO) -> bool:
+        """Judge the modules' survivors again (but those whose signature is in `skip`: the reviewed
+        equivalents), each against the whole of `test_files` within `limits.timeout_base` seconds: the
+        CUDA test files on a GPU machine, for lines only CUDA runs. A kill is recorded as a new verdict;
+        a survivor's verdict keeps what it passed before. True if none is left."""
+        start = time.monotonic()
+        todo = {m: self.mutants(m) for m in modules}
+        done = self.verdicts()
+        originals = {m: (self.root / m).read_text() for m in modules}
+        against = selection.Plan(tests=list(test_files))
+        mark = "; then passed " + " ".join(test_files)
+        queue = [mu for module in modules for mu in todo[module]
+                 if mu.key in done and done[mu.key].status == "survived" and mu.signature not in skip
+                 and not done[mu.key].by.endswith(mark)]
+        print(f"{len(queue)} survivors to judge against {len(test_files)} test files", file=log, flush=True)
+        before = {mu.key: done[mu.key].by + mark for mu in queue}
+        return self._judge(queue, lambda mutant: (against, limits.timeout_base), before, originals, start, budget_s,
+                           jobs, log)
+
+    def _judge(self, queue: list[Mutant], judged_by, before: dict[str, str], originals: dict[str, str],
+               start: float, budget_s: float, jobs: int, log: TextIO) -> bool:
+        """Judge `queue` `jobs` at a time, each by `judged_by(mutant)` -> (its plan, its time limit). A
+        mutant in `before` is a survivor judged again: if it survives, `before[key]` is its verdict's `by`."""
         scratches = [workers.Scratch(self.root, self.path / f"scratch-{i}") for i in range(jobs)]
         free = list(range(jobs))
         running: list[workers.Child] = []
-        originals = {m: (self.root / m).read_text() for m in modules}
         judged = 0
         try:
-            return self._judge(queue, running, scratches, free, originals, the_map, start, budget_s, limits, log)
+            while queue or running:
+                while queue and free and time.monotonic() - start < budget_s:
+                    mutant, w = queue.pop(0), free.pop()
+                    p, timeout = judged_by(mutant)
+                    if p.empty:
+                        self.record(_verdict(mutant, "survived", "no judge executes this line", 0.0))
+                        free.append(w)
+                        continue
+                    scratches[w].write(mutant.module, mutant.source(originals[mutant.module]))
+                    out = self.path / "logs" / f"{_safe(mutant.key)}.json"
+                    out.unlink(missing_ok=True)
+                    running.append(workers.fork(scratches[w].path, out.with_suffix(".log"), timeout,
+                                                lambda p=p, out=out: judge.run(p, out), (mutant, w, p, out)))
+                if not running:
+                    break
+                child, how = workers.reap(running)
+                running.remove(child)
+                mutant, w, p, out = child.tag
+                scratches[w].restore(mutant.module)
+                free.append(w)
+                seconds = time.monotonic() - child.started
+                if how == "timeout":
+                    v = _verdict(mutant, "timeout", f"past {child.deadline - child.started:.0f} s", seconds)
+                elif out.exists():
+                    got = json.loads(out.read_text())
+                    by = got["by"] or (f"passed {len(p.cases)} cpu cases, {len(p.gloo)} gloo cases, "
+                                       f"{len(p.tests)} tests")
+                    v = _verdict(mutant, got["status"], by, seconds)
+                else:
+                    v = _verdict(mutant, "killed", f"judge process ended by {how}", seconds)
+                if mutant.key in before:
+                    v = dataclasses.replace(v, by=before[mutant.key] if v.status == "survived" else
+                                            f"{v.by} (a survivor judged again)")
+                self.record(v)
+                judged += 1
+                print(f"[{judged}] {v.status:8} {v.seconds:6.1f}s {mutant.module}:{mutant.line} "
+                      f"{mutant.before!r} -> {mutant.after!r}  {v.by}", file=log, flush=True)
         finally:
             for child in running:  # stopped (Ctrl-C, SIGTERM): no judge outlives the driver
                 workers.kill(child)
-
-    def _judge(self, queue, running, scratches, free, originals, the_map, start, budget_s, limits, log) -> bool:
-        judged = 0
-        while queue or running:
-            while queue and free and time.monotonic() - start < budget_s:
-                mutant, w = queue.pop(0), free.pop()
-                p = selection.plan(the_map, mutant.module, mutant.line, the_map.gloo_cases, limits.max_cases,
-                                   limits.max_gloo, limits.max_tests, selection.import_lines(originals[mutant.module]),
-                                   mutant.before)
-                if p.empty:
-                    self.record(_verdict(mutant, "survived", "no judge executes this line", 0.0))
-                    free.append(w)
-                    continue
-                scratches[w].write(mutant.module, mutant.source(originals[mutant.module]))
-                out = self.path / "logs" / f"{_safe(mutant.key)}.json"
-                out.unlink(missing_ok=True)
-                timeout = limits.timeout_base + limits.timeout_factor * selection.estimated_seconds(
-                    the_map, p, GLOO_SECONDS)
-                running.append(workers.fork(scratches[w].path, out.with_suffix(".log"), timeout,
-                                            lambda p=p, out=out: judge.run(p, out), (mutant, w, p, out)))
-            if not running:
-                break
-            child, how = workers.reap(running)
-            running.remove(child)
-            mutant, w, p, out = child.tag
-            scratches[w].restore(mutant.module)
-            free.append(w)
-            seconds = time.monotonic() - child.started
-            if how == "timeout":
-                v = _verdict(mutant, "timeout", f"past {child.deadline - child.started:.0f} s", seconds)
-            elif out.exists():
-                got = json.loads(out.read_text())
-                by = got["by"] or (f"passed {len(p.cases)} cpu cases, {len(p.gloo)} gloo cases, "
-                                   f"{len(p.tests)} tests")
-                v = _verdict(mutant, got["status"], by, seconds)
-            else:
-                v = _verdict(mutant, "killed", f"judge process ended by {how}", seconds)
-            self.record(v)
-            judged += 1
-            print(f"[{judged}] {v.status:8} {v.seconds:6.1f}s {mutant.module}:{mutant.line} "
-                  f"{mutant.before!r} -> {mutant.after!r}  {v.by}", file=log, flush=True)
         return not queue
 
 
