@@ -212,6 +212,13 @@ def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     assert p.tests == ["tests/test_distributed_normuon.py::refused"]
     shared = selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 40, 2, 40)
     assert shared.gloo == ["muon/a/ws2", "dion2-f0.5/c/ws2"]  # spread over every algorithm's
+    assert shared.tests == ["tests/test_distributed_normuon.py::refused"]  # every algorithm's rank pools
+    reach.test_seconds["tests/test_x.py::named"] = 0.1
+    assert selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 40, 2, 40).tests == [
+        "tests/test_distributed_normuon.py::refused", "tests/test_x.py::named"]
+    reach.test_seconds["tests/test_distributed_muon.py::fsdp2"] = 5.0  # not muon's: not normuon.py's judge
+    assert selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 40).tests == [
+        "tests/test_distributed_normuon.py::refused", "tests/test_normuon.py::cheap"]
     assert selection.plan(reach, "oracles/y.py", 9, reach.gloo_cases, 40, 4, 40).empty
 
 

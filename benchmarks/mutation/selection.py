@@ -5,11 +5,12 @@
 - optimizer code that no single-process case and no unit test executes in-process (distributed
   paths), and, after their single-process cases, lines that name distributed things (DISTRIBUTED): the gloo
   cases of the CI tier for the module's algorithms (ALGORITHMS; every algorithm for shared code), spread over
-  the tier, at most `max_gloo`; for code no single-process judge runs, also the tests of the files named for
-  the module
-  (tests/test_distributed_normuon.py for normuon.py, first however slow: dion2.py's local-scope labels survived
-  while its 40 cheapest named tests were all single-process ones), whose rank pools run in processes the map
-  does not see;
+  the tier, at most `max_gloo`; for code no single-process judge runs, also the rank pools' tests of its
+  algorithms (tests/test_distributed_normuon.py for normuon.py; every tests/test_distributed_*.py for shared
+  code: plan.py's `continue` after an exchange made `break` passed its gloo cases, each of one megabatch,
+  and fails the FSDP2 step of four shapes in test_distributed_muon.py), first however slow (dion2.py's
+  local-scope labels survived while its 40 cheapest named tests were all single-process ones), then the
+  tests of the files named for the module; the ranks run in processes the map does not see;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
   most `max_tests` (the checkpoint checks are such tests), the module's own test files' among them first
   (`own_test_prefixes`, those named for the module or its packages: the cheapest tests of a line every step
@@ -182,13 +183,17 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
     tests = tests[:max_tests]
     gloo: list[str] = []
     unreached = not cases and not tests
+    wanted = ALGORITHMS.get(module)
     if module.startswith("optimizers/") and (unreached or DISTRIBUTED.search(text)):
-        wanted = ALGORITHMS.get(module)
         gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
-    if unreached and module.startswith("optimizers/"):  # the test files named for it: their rank pools
-        named = [t for t in reach.test_seconds if stem in t.split("::")[0].rsplit("/", 1)[-1] and t not in reach.broken]
-        pools = f"test_distributed_{stem}"  # the rank pools' own file first, however slow
-        tests = sorted(named, key=lambda t: (pools not in t.split("::")[0], reach.test_seconds[t], t))[:max_tests]
+    if unreached and module.startswith("optimizers/"):  # the rank pools' tests, and those named for it
+        pools = tuple(f"test_distributed_{a}" for a in wanted) if wanted else ("test_distributed_",)
+
+        def file(t: str) -> str:
+            return t.split("::")[0].rsplit("/", 1)[-1]
+        named = [t for t in reach.test_seconds if (stem in file(t) or file(t).startswith(pools))
+                 and t not in reach.broken]
+        tests = sorted(named, key=lambda t: (not file(t).startswith(pools), reach.test_seconds[t], t))[:max_tests]
     return Plan(cases, gloo, tests)
 
 
