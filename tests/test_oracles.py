@@ -175,13 +175,29 @@ def test_spectral_map_survives_values_whose_squares_underflow():
     np.testing.assert_allclose(spectral_map(g, spec.schedule, spec.normaliser), expect, rtol=1e-12)
 
 
+def test_normuon_reference_restores_each_row_blocks_norm_however_small():
+    """oracles.normuon_reference.restore_block_norms scales each block of rows to the norm of the same block of the
+    update: a block normalised to a norm below 1 too, and a block normalised to zero stays zero."""
+    from oracles.normuon_reference import restore_block_norms
+    update = RNG.standard_normal((5, 4))
+    normed = RNG.standard_normal((5, 4))
+    normed[2:3] *= 1e-3  # a block whose normalised norm is below 1
+    normed[3:] = 0.0
+    got = restore_block_norms(update, normed.copy(), [2, 1, 2])
+    np.testing.assert_allclose([np.linalg.norm(got[:2]), np.linalg.norm(got[2:3])],
+                               [np.linalg.norm(update[:2]), np.linalg.norm(update[2:3])], rtol=1e-12)
+    assert np.all(got[3:] == 0.0)
+
+
 def test_normuon_reference_trailing_rows_restore_each_slices_norm():
     """oracles.normuon_reference.normalise_rows with rows "trailing" restores each trailing slice's own norm (slices
-    of norms about 1 and 10 keep them) and leaves an all-zero slice zero; the rows names are read by value (a name
-    built at run time gives the literal's result)."""
+    of norms about 1 and 10 keep them, and so does a slice of 1e-10 entries, whose normalised norm is below 1: the
+    variance eps dominates) and leaves an all-zero slice zero; the rows names are read by value (a name built at
+    run time gives the literal's result)."""
     from oracles.normuon_reference import NorMuonHyper, initial_variance, normalise_rows
-    o = np.zeros((3, 3, 4))
+    o = np.zeros((4, 3, 4))
     o[0], o[1] = RNG.standard_normal((3, 4)), 10 * RNG.standard_normal((3, 4))
+    o[3] = 1e-10 * RNG.standard_normal((3, 4))
     hyper = NorMuonHyper(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0, flatten=False)
     rows = "".join(["trail", "ing"])
     got, _ = normalise_rows(o, initial_variance(o.shape, False, rows), hyper, rows=rows)
@@ -191,4 +207,4 @@ def test_normuon_reference_trailing_rows_restore_each_slices_norm():
     built = "".join(["mat", "rix"])
     got, v = normalise_rows(o, initial_variance(o.shape, True, built), flat, rows=built)
     want, w = normalise_rows(o, initial_variance(o.shape, True, "matrix"), flat, rows="matrix")
-    assert v.shape == w.shape == (1, 3) and np.array_equal(got, want)
+    assert v.shape == w.shape == (1, 4) and np.array_equal(got, want)
