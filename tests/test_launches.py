@@ -7,6 +7,7 @@ tested on CUDA (tests/test_perf_cuda.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -147,6 +148,25 @@ def test_rehearsal_leaves_out_groups_that_select_rows_by_value(kernels_on):
     noted = plan.rehearse(plans, opt.state)
     alone = plan.rehearse(plans[:1], opt.state)
     assert noted and specializations(noted) == specializations(alone) and len(noted) == len(alone)
+
+
+def test_a_group_left_out_does_not_end_the_rehearsal_which_stands_in_for_the_first_rehearsed_device(monkeypatch):
+    """A Dion2 group left out before a Muon group of one parameter: the Muon group is rehearsed still, on the device
+    of its parameter (a `continue` made `break` rehearsed nothing, on no device; `params[1]` of its megabatch of
+    one raised). With the kernels, its launches are those of the Muon group alone."""
+    g = torch.Generator().manual_seed(2)
+    dion = [torch.nn.Parameter(torch.randn(24, 40, generator=g).to(DEVICE)) for _ in range(2)]
+    muon = [torch.nn.Parameter(torch.randn(24, 24, generator=g).to(DEVICE))]
+    for p in dion + muon:
+        p.grad = torch.randn(p.shape, generator=g).to(DEVICE)
+    fused = True if importlib.util.find_spec("triton") else None  # the kernels where triton is, else none
+    opt = optimizers.Muon([{"params": dion, "algorithm": "dion2"}, {"params": muon}], lr=0.02, fused=fused)
+    devices, real = [], launches.recording
+    monkeypatch.setattr(launches, "recording", lambda device=None: devices.append(device) or real(device))
+    plans = plan.make_plan(opt.param_groups, opt.state, None)
+    both, alone = plan.rehearse(plans, opt.state), plan.rehearse(plans[1:], opt.state)
+    assert devices == [torch.device(DEVICE)] * 2 and len(both) == len(alone)
+    assert specializations(both) == specializations(alone)
 
 
 def test_rehearsal_reads_and_writes_nothing_real(kernels_on):
