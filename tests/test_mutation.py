@@ -400,3 +400,34 @@ def test_survivors_are_judged_again_against_whole_test_files_and_the_run_resumes
     from benchmarks.mutation.session import Limits
     assert session.rejudge([module], files, set(equivalent.load()), 60.0, 1, Limits(), log)
     assert "0 survivors to judge" in log.getvalue() and session.verdicts() == got
+
+
+CONTROL = """
+import sys
+from pathlib import Path
+from benchmarks.mutation import workers
+from benchmarks.mutation.selection import Plan
+from benchmarks.mutation.session import Session
+workers.preload()
+session = Session(Path(sys.argv[1]) / "session", Path(sys.argv[1]) / "project")
+try:
+    session._control(Plan(tests=[sys.argv[2]]), 120.0, sys.stderr)
+except RuntimeError as exc:
+    print("refused:", exc)
+else:
+    print("passed")
+"""
+
+
+@pytest.mark.parametrize("body,want", [("assert True", "passed"), ("assert False", "refused: the judges fail")])
+def test_survivors_are_judged_again_only_by_files_the_unmutated_code_passes(tmp_path, body, want):
+    """--survivors-against first runs its files on an unmutated copy: a file failing there would kill every
+    mutant, and is refused. A project of one test file, in a fresh interpreter."""
+    project = tmp_path / "project"
+    (project / "tests").mkdir(parents=True)
+    (project / "tests" / "test_one.py").write_text(f"def test_one():\n    {body}\n")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([sys.executable, "-c", CONTROL, str(tmp_path), "tests/test_one.py"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.startswith(want), done.stdout[-2000:] + done.stderr[-2000:]

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 finished = session.run(args.modules, args.map_tests, args.map_select, args.budget_minutes * 60,
                                        args.jobs, limits, sys.stderr)
-        except ValueError as exc:  # a module changed since the session made its mutants
+        except (ValueError, RuntimeError) as exc:  # a module changed since its mutants were made; a broken judge
             print(f"python -m benchmarks.mutation: error: {exc}", file=sys.stderr)
             return 2
         if not finished:

@@ -163,9 +163,29 @@ class Session:
                  if mu.key in done and done[mu.key].status == "survived" and mu.signature not in skip
                  and not done[mu.key].by.endswith(mark)]
         print(f"{len(queue)} survivors to judge against {len(test_files)} test files", file=log, flush=True)
+        if queue:
+            self._control(against, limits.timeout_base, log)
         before = {mu.key: done[mu.key].by + mark for mu in queue}
         return self._judge(queue, lambda mutant: (against, limits.timeout_base), before, originals, start, budget_s,
                            jobs, log)
+
+    def _control(self, p: selection.Plan, timeout: float, log: TextIO) -> None:
+        """Judge the unmutated code by `p`; RuntimeError unless it passes (a judge that fails on it would kill
+        every mutant)."""
+        scratch = workers.Scratch(self.root, self.path / "scratch-control")
+        out = self.path / "logs" / "control.json"
+        out.unlink(missing_ok=True)
+        child = workers.fork(scratch.path, out.with_suffix(".log"), timeout, lambda: judge.run(p, out), None)
+        try:
+            _, how = workers.reap([child])
+        except BaseException:
+            workers.kill(child)
+            raise
+        got = json.loads(out.read_text()) if out.exists() else {"status": how, "by": ""}
+        if got["status"] != "survived":
+            raise RuntimeError(f"the judges fail on the unmutated code ({got['status']}: {got['by'] or how}); "
+                               f"see {out.with_suffix('.log')}")
+        print("the unmutated code passes them", file=log, flush=True)
 
     def _judge(self, queue: list[Mutant], judged_by, before: dict[str, str], originals: dict[str, str],
                start: float, budget_s: float, jobs: int, log: TextIO) -> bool:
