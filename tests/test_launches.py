@@ -224,7 +224,8 @@ def kernel_names(noted):
 def test_a_slow_default_variant_compiles_in_the_background_while_its_stand_in_runs(kernels_on, monkeypatch):
     """compile_for: a plan that launches persistent kernels (STAND_INS) not compiled yet compiles the step's
     launches with tma in their place now, and the persistent launches in the background; until that ends the
-    default resolves to tma (the same bits: tests/test_symmetric_triton.py), then to persistent. A later plan
+    default resolves to tma (the same bits: tests/test_symmetric_triton.py), then to persistent, and a plan made
+    meanwhile compiles ahead with tma, leaving the background compile's variant warming. A later plan
     whose launches are all compiled compiles ahead as usual, from one rehearsal; one with no symmetric product
     starts no background compile."""
     from optimizers import symmetric_triton
@@ -251,6 +252,10 @@ def test_a_slow_default_variant_compiles_in_the_background_while_its_stand_in_ru
     assert symmetric_triton.WARMING == {"persistent"} and symmetric_triton.resolve(None, None, x, x.mT) == "tma"
     opt.step()  # while warming: the stand-in runs
     assert "_upper_tiles_tma" in kernel_names(kernels_on) and "_upper_tiles_persistent" not in kernel_names(kernels_on)
+    launches.COMPILED.clear()  # a plan made while warming, with launches not compiled yet: the stand-in's
+    plan.compile_for(plan.make_plan(opt.param_groups, opt.state, None), opt.state, torch.device(DEVICE))
+    assert len(later) == 1 and symmetric_triton.WARMING == {"persistent"}
+    assert "_upper_tiles_persistent" not in kernel_names(now[-1])
     finish[0]()
     assert symmetric_triton.WARMING == set() and symmetric_triton.resolve(None, None, x, x.mT) == "persistent"
     plans = plan.make_plan(opt.param_groups, opt.state, None)  # a new plan: the state entries exist now
