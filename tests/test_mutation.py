@@ -43,6 +43,15 @@ def test_each_mutant_changes_one_place_and_is_named_by_it(tmp_path):
     assert any(m.before == "return 0.5" and m.after == "return 1.5" for m in made)
 
 
+def test_a_removed_decorator_is_placed_on_its_line_not_the_blank_lines_above():
+    """cosmic-ray's RemoveDecorator changes the blank lines above the decorator too; the mutant's line is the
+    decorator's, which the map sees run at import (the blank line's mutants had no judge, and survived)."""
+    source = "import dataclasses\n\n\n@dataclasses.dataclass(frozen=True)\nclass A:\n    x: int = 0\n"
+    mutated = source.replace("\n\n@dataclasses.dataclass(frozen=True)", "")
+    line, before, after = changed_lines(source, mutated)
+    assert line == 4 and before.endswith("@dataclasses.dataclass(frozen=True)") and line in selection.import_lines(source)
+
+
 def test_a_signature_survives_an_edit_elsewhere(tmp_path):
     before = {m.signature for m in toy_mutants(tmp_path)}
     after = toy_mutants(tmp_path, "import math\n\n" + TOY)

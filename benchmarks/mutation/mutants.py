@@ -64,11 +64,13 @@ def source_hash(text: str) -> str:
 
 
 def changed_lines(original: str, mutated: str) -> tuple[int, str, str]:
-    """(first changed line, 1-based; original lines changed; lines put there), both stripped."""
+    """(first changed line that is not blank, 1-based; original lines changed; lines put there), both stripped.
+    Not blank: a removed decorator's change starts at the blank lines above it, which no judge executes."""
     a, b = original.split("\n"), mutated.split("\n")
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag != "equal":
-            return (i1 + 1, "\n".join(s.strip() for s in a[i1:i2]), "\n".join(s.strip() for s in b[j1:j2]))
+            first = next((k for k in range(i1, i2) if a[k].strip()), i1)
+            return (first + 1, "\n".join(s.strip() for s in a[i1:i2]), "\n".join(s.strip() for s in b[j1:j2]))
     raise ValueError("the mutation changed nothing")
 
 
