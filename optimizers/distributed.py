@@ -99,7 +99,7 @@ class Layout:
     group: dist.ProcessGroup
     shape: tuple[int, ...]
     dim: int | None
-    start: int = 0
+    start: int
 
     @property
     def world(self) -> int:
@@ -126,7 +126,7 @@ class Layout:
         return len(range(n)[self.members(rank)])
 
 
-def layout_of(p: torch.Tensor, group: dist.ProcessGroup, start: int = 0) -> Layout:
+def layout_of(p: torch.Tensor, group: dist.ProcessGroup, start: int) -> Layout:
     """The layout of parameter `p` (member 0 owned by rank `start` mod W); a DTensor's collectives
     run on its own mesh's group.
 
