@@ -28,9 +28,36 @@ def test_select_takes_the_largest_l1_norms_and_breaks_ties_by_lower_index():
     assert idx.tolist() == [0, 1] and margin == math.inf       # everything taken: nothing to tie
 
 
+def test_select_margin_is_the_relative_gap_at_the_cut_at_any_scale():
+    """The margin (kth - next) / kth where the k-th norm is twice the next or more, and where norms are below 1;
+    blocks covering more slices than there are are refused as fewer are; a block of more than 256 slices taken
+    whole (ints compared by value) has nothing to tie."""
+    assert select(np.array([4.0, 1.0]), 0.5) == (pytest.approx([0]), 0.75)
+    assert select(np.array([0.1, 0.4]), 0.5) == (pytest.approx([1]), pytest.approx(0.75))
+    with pytest.raises(ValueError, match="do not cover"):
+        select(np.ones(6), 0.5, [4, 3])
+    idx, margin = select(np.arange(300.0), 1.0)
+    assert idx.tolist() == list(range(300)) and margin == math.inf
+
+
+def test_nordion2_variance_decays_by_beta2_of_any_value():
+    """The selected rows' second moment is beta2 v + (1 - beta2) mean(o^2) for beta2 below 0.5 too, where
+    1 % beta2 is not 1 - beta2 (every case's beta2 is above 0.5)."""
+    from oracles.dion2_reference import normalise_selected_rows
+    update = RNG.standard_normal((4, 6))
+    v0 = np.abs(RNG.standard_normal((1, 4)))
+    h = NorDion2Hyper(lr=0.02, fraction=0.5, ef_decay=0.9, weight_decay=0.0, flatten=False, beta2=0.3)
+    _, v = normalise_selected_rows(update, [np.array([0, 2])], v0, h)
+    want = v0.copy()
+    want[0, [0, 2]] = 0.3 * v0[0, [0, 2]] + 0.7 * np.mean(update[[0, 2]] ** 2, axis=1)
+    np.testing.assert_allclose(v, want, rtol=1e-14)
+
+
 def test_select_count_is_ceil_of_fraction_and_at_least_one():
+    from oracles.dion2_reference import select_count
     for n, fraction, k in [(12, 0.25, 3), (13, 0.25, 4), (5, 0.01, 1), (8, 0.5, 4), (1, 0.25, 1)]:
-        assert select(np.arange(n, dtype=float), fraction)[0].size == k
+        assert select(np.arange(n, dtype=float), fraction)[0].size == k == select_count(n, fraction)
+    assert select_count(0, 0.25) == 0  # none of none (an empty block of a local scope)
 
 
 def test_local_scope_blocks_select_per_block():
