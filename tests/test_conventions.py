@@ -320,6 +320,19 @@ def test_the_svd_reference_cuts_off_at_the_eps_of_the_format_it_runs_in(compute_
     assert Orthogonalizer.named("svd", compute_dtype=compute_dtype).rcond_factor == machine_epsilon(fmt)
 
 
+def test_an_svd_built_without_a_cut_off_drops_exact_zero_singular_values():
+    """Orthogonalizer("svd") (rcond_factor left at 0): the polar factor of a matrix of rank 2 whose third singular
+    value is exactly 0 is U V^T over the two others; a negative default factor kept the zero one's arbitrary
+    direction (rank 3)."""
+    from oracles.muon_reference import orthogonalize
+    x = np.zeros((3, 4))
+    x[0, 0], x[1, 1] = 3.0, 2.0
+    got = orthogonalize(x[None], Orthogonalizer("svd"), False)[0]
+    want = np.zeros((3, 4))
+    want[0, 0] = want[1, 1] = 1.0
+    np.testing.assert_allclose(got, want, atol=1e-15)
+
+
 def test_an_orthogonalizers_options_are_keyword_only():
     """Orthogonalizer.named's and .polynomial's options are keyword-only: a positional step count or eps, easily
     swapped, is refused; the name and the schedule are positional or keyword."""
