@@ -220,7 +220,7 @@ def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     p = selection.plan(reach, "optimizers/algorithms/normuon.py", 9, reach.gloo_cases, 40, 4, 1)
     assert p.tests == ["tests/test_distributed_normuon.py::refused"]
     shared = selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 40, 2, 40)
-    assert shared.gloo == ["muon/a/ws2", "dion2-f0.5/c/ws2"]  # spread over every algorithm's
+    assert shared.gloo == ["muon/a/ws2", "normuon/b/ws2"]  # spread over every algorithm's
     assert shared.tests == ["tests/test_distributed_normuon.py::refused"]  # every algorithm's rank pools
     reach.test_seconds["tests/test_x.py::named"] = 0.1
     assert selection.plan(reach, "optimizers/x.py", 9, reach.gloo_cases, 40, 2, 40).tests == [
@@ -237,7 +237,7 @@ def test_a_line_naming_distributed_things_gets_gloo_cases_after_its_own_judges()
     reach = fake_reach()
     p = selection.plan(reach, "optimizers/x.py", 3, reach.gloo_cases, 40, 2, 40,
                        text="if process_group is not None and uses_mesh_layout(p):")
-    assert p.cases == ["c-fast", "c-slow"] and p.gloo == ["muon/a/ws2", "dion2-f0.5/c/ws2"] and p.tests == ["t1"]
+    assert p.cases == ["c-fast", "c-slow"] and p.gloo == ["muon/a/ws2", "normuon/b/ws2"] and p.tests == ["t1"]
     assert selection.plan(reach, "optimizers/x.py", 3, reach.gloo_cases, 40, 2, 40, text="x = a + b").gloo == []
     reach.lines["oracles/y.py"] = {3: (["c-fast"], [])}
     assert selection.plan(reach, "oracles/y.py", 3, reach.gloo_cases, 40, 2, 40, text="mesh = 1").gloo == []
@@ -368,8 +368,9 @@ def test_a_session_judges_one_state_of_a_module_and_reports_what_it_judged_after
 
 
 def test_gloo_judges_cover_the_layouts_before_repeating_one():
-    """spread: one case of each layout (scope and placement) before a second of any; with fewer picks than layouts,
-    evenly spaced layouts. The control: the plain even spacing of these ids picks no Shard(1) case."""
+    """spread: one case of each layout (scope and placement) before a second of any, each placement's first layout
+    first, the placements most cases have first. The control: the plain even spacing of these ids picks no
+    Shard(1) case."""
     ids = [f"dion2-f0.5-local/l{i}/seed0/shard0/ws2" for i in range(6)] + ["dion2-f0.5-local/l9/seed0/shard1/ws2",
                                                                           "dion2-f0.5-global/l9/seed0/shard0/ws2"]
     assert selection.spread(ids, 3) == [ids[0], ids[6], ids[7]]
@@ -377,6 +378,10 @@ def test_gloo_judges_cover_the_layouts_before_repeating_one():
     assert selection.spread(ids, 2) == [ids[0], ids[6]]
     assert not any("shard1" in ids[i * len(ids) // 3] for i in range(3))
     assert selection.layout_of(ids[7]) == ("global", "shard0") and selection.layout_of("muon/a/ws2") == ("", "a")
+    tier = [f"muon/{p}{i}/x/{p}/ws2" for p, n in [("tp0", 1), ("shard1", 2), ("tp1", 1), ("replicated", 3),
+                                                  ("dp2tp0", 1), ("shard0", 4)] for i in range(n)]
+    tier = [t.replace(f"/{t.split('/')[1]}/", "/a/") for t in tier]
+    assert [selection.layout_of(t)[1] for t in selection.spread(tier, 4)] == ["shard0", "replicated", "shard1", "tp0"]
 
 
 def test_survivors_are_judged_again_against_whole_test_files_and_the_run_resumes(tmp_path):

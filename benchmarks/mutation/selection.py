@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import functools
 import keyword
 import re
@@ -81,17 +82,22 @@ def algorithm_of(case_id: str) -> str:
 
 def spread(items: list[str], limit: int) -> list[str]:
     """At most `limit` of the distributed case ids `items` (deterministic): the first case of each layout
-    (`layout_of`, in order of first appearance; of evenly spaced layouts where there are more than `limit`),
-    then the second of each, and so on. Layouts before repeats: a branch that only one layout runs (Dion2's
-    local-scope labels under Shard(1)) is more often judged by a case of it."""
+    (`layout_of`), then the second of each, and so on. Layouts in the order: the first layout of each placement,
+    the placements most cases have first (with fewer picks than placements, the common exchanges: plan.py's
+    tensor-parallel guard made `or` fails every replicated case, and evenly spaced layouts of the CI tier's
+    nine placements had picked none), then the other layouts (another scope of a placement), in the same order.
+    Layouts before repeats: a branch that only one layout runs (Dion2's local-scope labels under Shard(1)) is
+    more often judged by a case of it."""
     if len(items) <= limit:
         return list(items)
     groups: dict[tuple[str, str], list[str]] = {}
     for item in items:
         groups.setdefault(layout_of(item), []).append(item)
-    rounds = list(groups.values())
-    if limit <= len(rounds):  # fewer picks than layouts: one case each of evenly spaced layouts
-        return [rounds[i * len(rounds) // limit][0] for i in range(limit)]
+    count = collections.Counter(layout_of(item)[1] for item in items)
+    seen: set[str] = set()
+    firsts = [not (key[1] in seen or seen.add(key[1])) for key in groups]
+    order = sorted(range(len(groups)), key=lambda i: (not firsts[i], -count[list(groups)[i][1]], i))
+    rounds = [list(groups.values())[i] for i in order]
     out: list[str] = []
     for i in range(max(len(r) for r in rounds)):
         out += [r[i] for r in rounds if i < len(r)]
