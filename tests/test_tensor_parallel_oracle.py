@@ -50,8 +50,11 @@ def test_per_head_on_whole_head_shards_is_exact(tp):
 def test_gather_is_layout_invariant_and_shards_that_cut_heads_are_refused():
     u = gaussian(40, 24)
     assert np.array_equal(orth_tp(u, QUINTIC, "gather", 1, 3), orth_whole(u, QUINTIC))
-    with pytest.raises(ValueError, match="cut through heads"):
+    with pytest.raises(ValueError, match=r"rows \[0, 14\) of a 3-way split cut through heads of 10 rows"):
         orth_tp(u, QUINTIC, "per_shard", 0, 3, num_heads=4)     # 40 rows in pieces of 14: heads of 10
+    small = gaussian(8, 6)  # pieces of one head of 2 rows each, past the first at rows 2, 4, 6: none refused
+    assert np.array_equal(orth_tp(small, QUINTIC, "per_shard", 0, 4, num_heads=4),
+                          orth_whole(small, QUINTIC, num_heads=4))
     with pytest.raises(ValueError, match="split into"):
         orth_whole(u, QUINTIC, num_heads=3)
     with pytest.raises(ValueError, match="mode"):
