@@ -231,6 +231,17 @@ def test_unreached_optimizer_code_gets_the_gloo_cases_of_its_algorithms():
     assert selection.plan(reach, "oracles/y.py", 9, reach.gloo_cases, 40, 4, 40).empty
 
 
+def test_an_oracle_only_distributed_cases_call_is_judged_by_gloo_cases_of_its_placements():
+    """The TP reference's lines no single-process case runs: its unit tests, then the tensor-parallel gloo cases
+    (the harness computes the reference in its own process); another oracle's unreached line gets none."""
+    reach = Reach("k", {"c": 1.0}, {"t1": 1.0}, {"oracles/tensor_parallel.py": {5: ([], ["t1"]), 6: (["c"], [])}},
+                  ["muon/a/x/shard0/ws2", "muon/b/x/tp0-gather/ws2", "muon/c/x/dp2tp1-gather/ws4"], [])
+    p = selection.plan(reach, "oracles/tensor_parallel.py", 5, reach.gloo_cases, 40, 4, 40)
+    assert p == selection.Plan([], ["muon/b/x/tp0-gather/ws2", "muon/c/x/dp2tp1-gather/ws4"], ["t1"])
+    assert selection.plan(reach, "oracles/tensor_parallel.py", 6, reach.gloo_cases, 40, 4, 40).gloo == []
+    assert selection.plan(reach, "oracles/y.py", 5, reach.gloo_cases, 40, 4, 40).empty
+
+
 def test_a_line_naming_distributed_things_gets_gloo_cases_after_its_own_judges():
     """A line single-process cases run but whose branch only ranks take (`process_group is not None and ...`) is
     judged by the gloo cases too; a line naming nothing distributed, or an oracle's, is not (the controls)."""

@@ -11,6 +11,8 @@
   and fails the FSDP2 step of four shapes in test_distributed_muon.py), first however slow (dion2.py's
   local-scope labels survived while its 40 cheapest named tests were all single-process ones), then the
   tests of the files named for the module; the ranks run in processes the map does not see;
+- oracle code that no single-process case runs, in an oracle only distributed cases call
+  (DISTRIBUTED_ORACLES: the TP reference): the gloo cases of its placements, then its unit tests;
 - validation, state and checkpoint code: the unit tests that execute the line, cheapest first, at
   most `max_tests` (the checkpoint checks are such tests), the module's own test files' among them first
   (`own_test_prefixes`, those named for the module or its packages: the cheapest tests of a line every step
@@ -53,6 +55,12 @@ DISTRIBUTED = re.compile(r"process_group|placement|DTensor|mesh|layout|rank|shar
 """Names on an optimizer line that single-process judges execute but whose branch only ranks take: such a line is
 judged by gloo cases too (plan.py's `process_group is not None and uses_mesh_layout(...)` mutated to `is None`
 passed 40 single-process cases and 173 tests, and failed a tensor-parallel gloo case at ratio 1.3e13)."""
+
+
+DISTRIBUTED_ORACLES: dict[str, str] = {"oracles/tensor_parallel.py": "tp"}
+"""Oracles that only distributed cases call, and the placements (a substring) of those cases: their lines no
+single-process case runs are judged by these gloo cases too (the harness computes their reference in its own
+process). The TP oracle's rounding and head checks had passed their 5 to 15 unit tests 29 ways."""
 
 
 DEFAULTS_TESTS = ("tests/test_defaults.py::test_defaults_step_as_documented",)
@@ -192,6 +200,8 @@ def plan(reach: Reach, module: str, line: int, gloo_cases: list[str], max_cases:
     wanted = ALGORITHMS.get(module)
     if module.startswith("optimizers/") and (unreached or DISTRIBUTED.search(text)):
         gloo = spread([c for c in gloo_cases if wanted is None or algorithm_of(c) in wanted], max_gloo)
+    elif module in DISTRIBUTED_ORACLES and not cases:
+        gloo = spread([c for c in gloo_cases if DISTRIBUTED_ORACLES[module] in layout_of(c)[1]], max_gloo)
     if unreached and module.startswith("optimizers/"):  # the rank pools' tests, and those named for it
         pools = tuple(f"test_distributed_{a}" for a in wanted) if wanted else ("test_distributed_",)
 
