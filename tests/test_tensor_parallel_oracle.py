@@ -69,3 +69,21 @@ def test_tp_dependence_table_says_which_modes_are_exact():
     assert not any(r.mode == "per_shard+heads" and r.matrix in ("o", "gate", "up", "down") for r in rows)
     text = markdown(rows)
     assert text.count("\n") == len(rows) + 1 and "| q | 32x32 | dim 0 (column-parallel) | 2 | per_shard |" in text
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_dependence_reports_each_nonempty_piece_of_the_split_dim(dim):
+    """dependence's per-rank figures: one per rank whose piece is not empty (6 along the split dim over 4 ranks:
+    pieces of 2, 2, 2 and none), each that piece's own relative difference, and the whole's the same way."""
+    u = gaussian(6, 9) if dim == 0 else gaussian(9, 6)
+    rel, cosine, per_rank = dependence(u, QUINTIC, dim, 4)
+    whole, shard = orth_whole(u, QUINTIC), orth_tp(u, QUINTIC, "per_shard", dim, 4)
+    pieces = [(slice(lo, lo + 2), slice(None)) if dim == 0 else (slice(None), slice(lo, lo + 2)) for lo in (0, 2, 4)]
+    want = [np.linalg.norm(shard[i] - whole[i]) / np.linalg.norm(whole[i]) for i in pieces]
+    np.testing.assert_allclose(per_rank, want, rtol=1e-12)
+    assert rel == pytest.approx(np.linalg.norm(shard - whole) / np.linalg.norm(whole), rel=1e-12) and 0 < cosine < 1
+
+
+def test_heads_of_a_row_parallel_split_are_refused():
+    with pytest.raises(ValueError, match="row-parallel"):
+        orth_tp(gaussian(8, 6), QUINTIC, "per_shard", 1, 2, num_heads=2)
