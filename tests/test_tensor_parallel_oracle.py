@@ -55,8 +55,10 @@ def test_gather_is_layout_invariant_and_shards_that_cut_heads_are_refused():
     small = gaussian(8, 6)  # pieces of one head of 2 rows each, past the first at rows 2, 4, 6: none refused
     assert np.array_equal(orth_tp(small, QUINTIC, "per_shard", 0, 4, num_heads=4),
                           orth_whole(small, QUINTIC, num_heads=4))
-    with pytest.raises(ValueError, match="split into"):
+    with pytest.raises(ValueError, match="40 rows do not split into 3 heads"):
         orth_whole(u, QUINTIC, num_heads=3)
+    with pytest.raises(ValueError, match="40 rows do not split into 0 heads"):
+        orth_whole(u, QUINTIC, num_heads=0)
     with pytest.raises(ValueError, match="mode"):
         orth_tp(u, QUINTIC, "sharded", 0, 2)
 
@@ -87,3 +89,17 @@ def test_dependence_reports_each_nonempty_piece_of_the_split_dim(dim):
 def test_heads_of_a_row_parallel_split_are_refused():
     with pytest.raises(ValueError, match="row-parallel"):
         orth_tp(gaussian(8, 6), QUINTIC, "per_shard", 1, 2, num_heads=2)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_a_gathered_tp_step_is_the_plain_muon_step_under_either_rounding(rounding):
+    """reference_tp_muon_step under "gather" rounds U to bf16 exactly where reference_muon_step does (nearest:
+    rounded; stochastic: its expectation, U itself), its rounding name read by value (built at run time)."""
+    from oracles import Conventions, MuonHyper, reference_muon_step
+    from oracles.tensor_parallel import reference_tp_muon_step
+    conv = Conventions(QUINTIC, compute_dtype="bf16", rounding="".join(list(rounding)))
+    hyper = MuonHyper(lr=0.02, momentum=0.9, nesterov=False, weight_decay=0.1, flatten=False)
+    x, g = gaussian(8, 6), gaussian(8, 6, seed=1)
+    got, _ = reference_tp_muon_step(x, np.zeros((8, 6)), g, hyper, conv, "gather", 0, 2)
+    want, _ = reference_muon_step(x, np.zeros((8, 6)), g, hyper, conv)
+    assert np.array_equal(got, want)
