@@ -49,7 +49,8 @@ def test_a_removed_decorator_is_placed_on_its_line_not_the_blank_lines_above():
     source = "import dataclasses\n\n\n@dataclasses.dataclass(frozen=True)\nclass A:\n    x: int = 0\n"
     mutated = source.replace("\n\n@dataclasses.dataclass(frozen=True)", "")
     line, before, after = changed_lines(source, mutated)
-    assert line == 4 and before.endswith("@dataclasses.dataclass(frozen=True)") and line in selection.import_lines(source)
+    assert line == 4 and before.endswith("@dataclasses.dataclass(frozen=True)")
+    assert line in selection.import_lines(source)
 
 
 def test_a_signature_survives_an_edit_elsewhere(tmp_path):

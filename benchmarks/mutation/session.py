@@ -18,7 +18,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from benchmarks.mutation import judge, reach, selection, workers
 from benchmarks.mutation.mutants import Mutant, mutants, source_hash
@@ -152,8 +152,8 @@ class Session:
         """Judge the modules' survivors again (but those whose signature is in `skip`: the reviewed
         equivalents), each against the whole of `test_files` within `limits.timeout_base` seconds: the
         CUDA test files on a GPU machine, for lines only CUDA runs. A kill is recorded as a new verdict;
-        a survivor's verdict keeps what it passed before. True if none is left."""
-        start = time.monotonic()
+        a survivor's verdict keeps what it passed before. The budget counts from the first mutant, after the
+        unmutated code has passed the files (`_control`). True if none is left."""
         todo = {m: self.mutants(m) for m in modules}
         done = self.verdicts()
         originals = {m: (self.root / m).read_text() for m in modules}
@@ -166,8 +166,8 @@ class Session:
         if queue:
             self._control(against, limits.timeout_base, log)
         before = {mu.key: done[mu.key].by + mark for mu in queue}
-        return self._judge(queue, lambda mutant: (against, limits.timeout_base), before, originals, start, budget_s,
-                           jobs, log)
+        return self._judge(queue, lambda mutant: (against, limits.timeout_base), before, originals,
+                           time.monotonic(), budget_s, jobs, log)  # the budget is for mutants, not the control
 
     def _control(self, p: selection.Plan, timeout: float, log: TextIO) -> None:
         """Judge the unmutated code by `p`; RuntimeError unless it passes (a judge that fails on it would kill
@@ -187,8 +187,9 @@ class Session:
                                f"see {out.with_suffix('.log')}")
         print("the unmutated code passes them", file=log, flush=True)
 
-    def _judge(self, queue: list[Mutant], judged_by, before: dict[str, str], originals: dict[str, str],
-               start: float, budget_s: float, jobs: int, log: TextIO) -> bool:
+    def _judge(self, queue: list[Mutant], judged_by: Callable[[Mutant], tuple[selection.Plan, float]],
+               before: dict[str, str], originals: dict[str, str], start: float, budget_s: float, jobs: int,
+               log: TextIO) -> bool:
         """Judge `queue` `jobs` at a time, each by `judged_by(mutant)` -> (its plan, its time limit). A
         mutant in `before` is a survivor judged again: if it survives, `before[key]` is its verdict's `by`."""
         scratches = [workers.Scratch(self.root, self.path / f"scratch-{i}") for i in range(jobs)]
