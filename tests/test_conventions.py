@@ -60,14 +60,34 @@ def test_nesterov_plus_by_hand():
     assert m[0, 0] == 2.0 and u[0, 0] == 6.0
 
 
+def test_nesterov_ema_by_hand():
+    """U = (1-mu) G + mu M with the EMA M = mu M + (1-mu) G: mu = 3/4 (1 - mu is not mu), M = [1, 3], G = [4, -2]
+    give M = [1.75, 1.75] and U = [2.3125, 0.8125]."""
+    conv = Conventions(orthogonalizer=NS, momentum="ema", nesterov="ema")
+    hyper = dataclasses.replace(NESTEROV, momentum=0.75)
+    m, u = momentum_and_direction(np.array([[1.0, 3.0]]), np.array([[4.0, -2.0]]), hyper, conv)
+    assert m.tolist() == [[1.75, 1.75]] and u.tolist() == [[2.3125, 0.8125]]
+
+
 def test_cautious_decay_by_hand():
-    """Only entries with X * O > 0 decay: X (1 - lr wd) there, X elsewhere (scale 1: square)."""
+    """Only entries with X * O > 0 decay: X (1 - lr wd) there, X elsewhere, where O = 0 too (scale 1: square)."""
     hyper = dataclasses.replace(PLAIN, lr=0.5, weight_decay=0.2)
     conv = Conventions(orthogonalizer=NS, weight_decay_mask="cautious")
-    x = np.array([[1.0, 1.0], [-1.0, -1.0]])
-    o = np.array([[1.0, -1.0], [1.0, -1.0]])
+    x = np.array([[1.0, 1.0, 1.0], [-1.0, -1.0, 1.0], [1.0, 1.0, 1.0]])
+    o = np.array([[1.0, -1.0, 0.0], [1.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
     decayed = 1.0 - 0.5 * 0.2
-    expected = np.array([[decayed - 0.5, 1.0 + 0.5], [-1.0 - 0.5, -decayed + 0.5]])
+    expected = np.array([[decayed - 0.5, 1.0 + 0.5, 1.0], [-1.0 - 0.5, -decayed + 0.5, 1.0], [1.0, 1.0, 1.0]])
+    np.testing.assert_array_equal(apply_update(x, o, hyper, conv), expected)
+
+
+def test_cautious_decay_folded_into_the_update_by_hand():
+    """decay_dtype fp32 with cautious decay: X - step fp32(O + (lr_wd / step) wd X mask), the mask X * O > 0, so
+    not where O = 0 (lr 0.5, wd 0.25, scale 1: every value exact)."""
+    hyper = dataclasses.replace(PLAIN, lr=0.5, weight_decay=0.25)
+    conv = Conventions(orthogonalizer=NS, lr_scale="none", weight_decay_mask="cautious", decay_dtype="fp32")
+    x = np.array([[1.0, 1.0], [1.0, -1.0]])
+    o = np.array([[1.0, -1.0], [0.0, 0.5]])
+    expected = np.array([[1.0 - 0.5 * 1.25, 1.0 + 0.5], [1.0, -1.0 - 0.25]])
     np.testing.assert_array_equal(apply_update(x, o, hyper, conv), expected)
 
 
@@ -318,6 +338,18 @@ def test_the_svd_reference_cuts_off_at_the_eps_of_the_format_it_runs_in(compute_
     machine epsilon below fp64 and fp64's at fp64. The harness cannot judge it: the inputs where a cut-off decides
     the answer are rank-deficient ones, whose reference check it skips as ill-posed."""
     assert Orthogonalizer.named("svd", compute_dtype=compute_dtype).rcond_factor == machine_epsilon(fmt)
+
+
+def test_the_svd_cut_off_is_relative_to_the_largest_singular_value_times_the_larger_side():
+    """named("svd") in fp32 cuts at eps32 max(m, n) s_max: of a 3 x 40 matrix with singular values 1, 1 and 1e-6
+    (above eps32 = 1.2e-7, below 40 eps32 = 4.8e-6) the polar factor keeps the first two only."""
+    from oracles.muon_reference import orthogonalize
+    rng = np.random.default_rng(5)
+    u, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    v, _ = np.linalg.qr(rng.standard_normal((40, 3)))
+    x = u @ np.diag([1.0, 1.0, 1e-6]) @ v.T
+    got = orthogonalize(x[None], Orthogonalizer.named("svd", compute_dtype="fp32"), False)[0]
+    np.testing.assert_allclose(got, u[:, :2] @ v[:, :2].T, atol=1e-9)
 
 
 def test_an_svd_built_without_a_cut_off_drops_exact_zero_singular_values():
