@@ -411,6 +411,35 @@ def test_a_computed_orthogonalizer_name_is_read_by_value():
     assert Orthogonalizer.named("".join(["no", "ne"])) == Orthogonalizer.named("none")
 
 
+def _built_at_run_time(record):
+    """`record` with every string field rebuilt at run time (equal, never the same object as the literal)."""
+    return dataclasses.replace(record, **{f.name: "".join(list(getattr(record, f.name)))
+                                          for f in dataclasses.fields(record) if isinstance(getattr(record, f.name), str)})
+
+
+@pytest.mark.parametrize("conv", [
+    Conventions(orthogonalizer=Orthogonalizer.named("svd"), momentum="ema_debiased", nesterov="ema",
+                weight_decay_mask="cautious", weight_decay_order="before", weight_decay_lr="base", compute_dtype="bf16"),
+    Conventions(orthogonalizer=NS, momentum="sum", nesterov="sum", weight_decay_order="after",
+                weight_decay_lr="adjusted", rounding="stochastic", compute_dtype="bf16"),
+    Conventions(orthogonalizer=NS, momentum="ema", nesterov="plus"),
+], ids=["svd-debiased-ema-cautious", "sum-sum-after", "ema-plus"])
+def test_a_reference_step_reads_every_convention_by_value(conv):
+    """Two Nesterov steps with weight decay under conventions whose names were built at run time (as an adapter
+    reading them from a file has them) equal the steps under the literals: every branch compares by value."""
+    built = dataclasses.replace(_built_at_run_time(conv), orthogonalizer=_built_at_run_time(conv.orthogonalizer))
+    hyper = dataclasses.replace(NESTEROV, momentum=0.75, weight_decay=0.25)
+    rng = np.random.default_rng(3)
+    x0, g = rng.standard_normal((3, 5)), rng.standard_normal((2, 3, 5))
+    runs = []
+    for c in (conv, built):
+        x, m = x0, np.zeros((3, 5))
+        for step in range(2):
+            x, m = reference_muon_step(x, m, g[step], hyper, c)
+        runs.append(x)
+    assert np.array_equal(runs[0], runs[1])
+
+
 @pytest.mark.parametrize("record, field", [(Orthogonalizer.named("none"), "kind"),
                                            (Conventions(orthogonalizer=NS), "momentum")])
 def test_the_conventions_records_are_frozen(record, field):
