@@ -411,6 +411,14 @@ def test_a_computed_orthogonalizer_name_is_read_by_value():
     assert Orthogonalizer.named("".join(["no", "ne"])) == Orthogonalizer.named("none")
 
 
+def test_the_reference_matrix_view_refuses_a_vector():
+    from oracles.muon_reference import matrix_view
+    with pytest.raises(ValueError, match="2 or more dims, got shape \\(4,\\)"):
+        matrix_view(np.zeros(4), False)
+    assert matrix_view(np.zeros((3, 4, 5)), False).shape == (3, 4, 5)
+    assert matrix_view(np.zeros((3, 4, 5)), True).shape == (1, 3, 20)
+
+
 def _built_at_run_time(record):
     """`record` with every string field rebuilt at run time (equal, never the same object as the literal)."""
     return dataclasses.replace(record, **{f.name: "".join(list(getattr(record, f.name)))
