@@ -221,3 +221,19 @@ def test_the_oracles_are_right_up_to_fp64s_range(shape):
     # negative control: with eps 1e-7 against ||G|| ~ 1e-10, another map (the same decomposition: cheap)
     tiny = spectral_map(g * 2.0**-40, sch, Normaliser(1e-7, 1.01))
     assert np.max(np.abs(tiny - base[0])) > 1e-3 * np.max(np.abs(base[0]))
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_the_schedules_h_and_its_derivative_match_the_composed_polynomial(name):
+    """_schedule_h: h(l) with f(x) = x h(x^2) the composed schedule (checked against iterating x <- p(x)), and h'(l)
+    against central differences of h, at squared singular values across (0, 1]."""
+    schedule = SCHEDULES[name][0]
+    lam = np.geomspace(1e-4, 1.0, 9)
+    h, dh = spectral._schedule_h(schedule, lam)
+    x = np.sqrt(lam)
+    for a, b, c in schedule:
+        x = a * x + b * x**3 + c * x**5
+    np.testing.assert_allclose(h * np.sqrt(lam), x, rtol=1e-12)
+    step = 1e-6 * lam
+    numeric = (spectral._schedule_h(schedule, lam + step)[0] - spectral._schedule_h(schedule, lam - step)[0]) / (2 * step)
+    np.testing.assert_allclose(dh, numeric, rtol=1e-5)
