@@ -60,13 +60,15 @@ def test_nesterov_plus_by_hand():
     assert m[0, 0] == 2.0 and u[0, 0] == 6.0
 
 
-def test_nesterov_ema_by_hand():
-    """U = (1-mu) G + mu M with the EMA M = mu M + (1-mu) G: mu = 3/4 (1 - mu is not mu), M = [1, 3], G = [4, -2]
-    give M = [1.75, 1.75] and U = [2.3125, 0.8125]."""
+@pytest.mark.parametrize("mu, want_m, want_u", [(0.75, [1.75, 1.75], [2.3125, 0.8125]),
+                                                 (0.25, [3.25, -0.75], [3.8125, -1.6875])])
+def test_nesterov_ema_by_hand(mu, want_m, want_u):
+    """U = (1-mu) G + mu M with the EMA M = mu M + (1-mu) G, from M = [1, 3] and G = [4, -2], at mu = 3/4 and 1/4
+    (1 - mu is not mu, and 1 - mu is 1 mod mu only above 1/2)."""
     conv = Conventions(orthogonalizer=NS, momentum="ema", nesterov="ema")
-    hyper = dataclasses.replace(NESTEROV, momentum=0.75)
+    hyper = dataclasses.replace(NESTEROV, momentum=mu)
     m, u = momentum_and_direction(np.array([[1.0, 3.0]]), np.array([[4.0, -2.0]]), hyper, conv)
-    assert m.tolist() == [[1.75, 1.75]] and u.tolist() == [[2.3125, 0.8125]]
+    assert m.tolist() == [want_m] and u.tolist() == [want_u]
 
 
 def test_cautious_decay_by_hand():
@@ -431,7 +433,8 @@ def _built_at_run_time(record):
     Conventions(orthogonalizer=NS, momentum="sum", nesterov="sum", weight_decay_order="after",
                 weight_decay_lr="adjusted", rounding="stochastic", compute_dtype="bf16"),
     Conventions(orthogonalizer=NS, momentum="ema", nesterov="plus"),
-], ids=["svd-debiased-ema-cautious", "sum-sum-after", "ema-plus"])
+    Conventions(orthogonalizer=NS, weight_decay_mask="cautious", decay_dtype="fp32"),
+], ids=["svd-debiased-ema-cautious", "sum-sum-after", "ema-plus", "cautious-folded"])
 def test_a_reference_step_reads_every_convention_by_value(conv):
     """Two Nesterov steps with weight decay under conventions whose names were built at run time (as an adapter
     reading them from a file has them) equal the steps under the literals: every branch compares by value."""
