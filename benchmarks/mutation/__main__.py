@@ -13,7 +13,7 @@ the same --session to go on where it stopped. Exit status 0, 2 for bad usage (be
 
 With --survivors-against, the session's survivors not on the reviewed list are judged again, each
 against the whole of the given test files (no map): on a GPU machine, the CUDA test files judge the
-lines that only CUDA runs (docs/performance.md, section 19, has the command).
+lines that only CUDA runs (docs/performance.md, section 20, has the runs).
 """
 
 from __future__ import annotations
@@ -137,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         workers.preload()
         limits = Limits(args.max_cases, args.max_gloo, args.max_tests)
-        if args.timeout_base is not None:
-            limits = dataclasses.replace(limits, timeout_base=args.timeout_base)
+        timeout_base = args.timeout_base or (AGAIN_TIMEOUT if args.survivors_against else None)
+        if timeout_base is not None:
+            limits = dataclasses.replace(limits, timeout_base=timeout_base)
         signal.signal(signal.SIGTERM, _stop)
         try:
             if args.survivors_against:
-                limits = dataclasses.replace(limits, timeout_base=args.timeout_base or AGAIN_TIMEOUT)
                 finished = session.rejudge(args.modules, args.survivors_against, set(equivalents),
                                            args.budget_minutes * 60, args.jobs, limits, sys.stderr)
             else:

@@ -101,11 +101,12 @@ def spread(items: list[str], limit: int) -> list[str]:
     groups: dict[tuple[str, str], list[str]] = {}
     for item in items:
         groups.setdefault(layout_of(item), []).append(item)
-    count = collections.Counter(layout_of(item)[1] for item in items)
-    seen: set[str] = set()
-    firsts = [not (key[1] in seen or seen.add(key[1])) for key in groups]
-    order = sorted(range(len(groups)), key=lambda i: (not firsts[i], -count[list(groups)[i][1]], i))
-    rounds = [list(groups.values())[i] for i in order]
+    count: collections.Counter[str] = collections.Counter()
+    first: dict[str, tuple[str, str]] = {}  # placement -> its first layout
+    for key, members in groups.items():
+        count[key[1]] += len(members)
+        first.setdefault(key[1], key)
+    rounds = [groups[key] for key in sorted(groups, key=lambda key: (first[key[1]] != key, -count[key[1]]))]
     out: list[str] = []
     for i in range(max(len(r) for r in rounds)):
         out += [r[i] for r in rounds if i < len(r)]
