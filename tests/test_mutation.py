@@ -255,6 +255,28 @@ def test_a_line_naming_distributed_things_gets_gloo_cases_after_its_own_judges()
     assert selection.plan(reach, "oracles/y.py", 3, reach.gloo_cases, 40, 2, 40, text="mesh = 1").gloo == []
 
 
+def test_the_judges_that_killed_a_lines_mutants_judge_its_next_one_first_and_the_verdict_is_the_same(tmp_path):
+    """Killers first reorders a plan and adds no judge: the same line's killers, then the module's others,
+    each the most kills first; a survivor's `by` and a kill by an import name no judge."""
+    session = Session(tmp_path / "s", ROOT)
+    for i, (module, line, status, by) in enumerate([
+            ("m.py", 5, "killed", "test t3"), ("m.py", 5, "killed", "cpu case c2: norm fail"),
+            ("m.py", 5, "killed", "test t3 (a survivor judged again)"), ("m.py", 7, "killed", "test t2"),
+            ("m.py", 7, "killed", "test t2"), ("m.py", 7, "killed", "test t1"), ("other.py", 5, "killed", "test t1"),
+            ("m.py", 5, "survived", "passed 3 cpu cases, 0 gloo cases, 3 tests"),
+            ("m.py", 5, "killed", "import: SyntaxError: bad")]):
+        session.record(Verdict(f"k{i}", module, line, "a", "b", status, by, 1.0))
+    assert session.killers("m.py", 5) == ["t3", "c2", "t2", "t1"]
+    assert session.killers("m.py", 7) == ["t2", "t1", "t3", "c2"]
+    p = selection.Plan(["c1", "c2", "c3"], ["g1"], ["t1", "t2", "t3", "t4"])
+    first = selection.killers_first(p, session.killers("m.py", 5))
+    assert first == selection.Plan(["c2", "c1", "c3"], ["g1"], ["t3", "t2", "t1", "t4"])
+    assert first.union(p) == p.union(first) and sorted(first.tests) == sorted(p.tests)
+    assert selection.killers_first(p, []) == p
+    assert selection.judge_of("test tests/x.py::t[a b]") == "tests/x.py::t[a b]"
+    assert selection.judge_of("gloo case muon/x/tp0-gather/ws2: norm fail") == "muon/x/tp0-gather/ws2"
+
+
 def test_the_reach_map_round_trips(tmp_path):
     reach = fake_reach()
     reach.save(tmp_path / "reach.json")
