@@ -270,8 +270,8 @@ def test_the_judges_that_killed_a_lines_mutants_judge_its_next_one_first_and_the
     assert session.killers("m.py", 7) == ["t2", "t1", "t3", "c2"]
     p = selection.Plan(["c1", "c2", "c3"], ["g1"], ["t1", "t2", "t3", "t4"])
     first = selection.killers_first(p, session.killers("m.py", 5))
-    assert first == selection.Plan(["c2", "c1", "c3"], ["g1"], ["t3", "t2", "t1", "t4"])
-    assert first.union(p) == p.union(first) and sorted(first.tests) == sorted(p.tests)
+    assert first == selection.Plan(["c2", "c1", "c3"], ["g1"], ["t4"], lead=["t3", "t2", "t1"])
+    assert selection.killers_first(p, ["t9", "t4"]) == selection.Plan(p.cases, p.gloo, ["t1", "t2", "t3"], ["t4"])
     assert selection.killers_first(p, []) == p
     assert selection.judge_of("test tests/x.py::t[a b]") == "tests/x.py::t[a b]"
     assert selection.judge_of("gloo case muon/x/tp0-gather/ws2: norm fail") == "muon/x/tp0-gather/ws2"
@@ -342,12 +342,13 @@ def test_a_real_mutant_is_killed_and_the_original_survives_the_same_judges(tmp_p
                     reason="run in a fresh interpreter by test_a_real_mutant_is_killed_and_the_original_survives_the_same_judges")
 def test_a_real_mutant_end_to_end(tmp_path):
     """End to end through a forked judge on a scratch copy: NorMuon's default beta2 0.95 -> 1.95 (issue 31's
-    survivor) is killed by the defaults test; the unmutated copy passes that test (the control)."""
+    survivor) is killed by the defaults test it leads with; the unmutated copy passes both tests (the control)."""
     module = "optimizers/algorithms/normuon.py"
     original = (ROOT / module).read_text()
     (mutant,) = [m for m in mutants(module, ROOT) if '"beta2": 1.95' in m.after]
     scratch = workers.Scratch(ROOT, tmp_path / "scratch")
-    p = selection.Plan(tests=["tests/test_defaults.py::test_defaults_step_as_documented[normuon-nothing]"])
+    p = selection.Plan(tests=["tests/test_defaults.py::test_defaults_step_as_documented[normuon-lr only]"],
+                       lead=["tests/test_defaults.py::test_defaults_step_as_documented[normuon-nothing]"])
     workers.preload()
     got = {}
     for name, source in (("mutant", mutant.source(original)), ("original", original)):
@@ -356,7 +357,7 @@ def test_a_real_mutant_end_to_end(tmp_path):
         child = workers.fork(scratch.path, tmp_path / f"{name}.log", 600.0, lambda out=out: judge.run(p, out), name)
         assert workers.reap([child])[1] == "exit 0", (tmp_path / f"{name}.log").read_text()[-3000:]
         got[name] = json.loads(out.read_text())
-    assert got["mutant"]["status"] == "killed" and "test_defaults" in got["mutant"]["by"]
+    assert got["mutant"] == {"status": "killed", "by": "test " + p.lead[0]}  # the lead runs first
     assert got["original"] == {"status": "survived", "by": ""}
     scratch.restore(module)
     assert (scratch.path / module).read_text() == original

@@ -1,6 +1,7 @@
 """The judging of one mutant, in a process forked from the driver with the mutated copy of the
-project first on its path: the plan's cases (the harness's checks against the FP64 oracles, on
-our optimizer), then its gloo cases, then its unit tests, stopping at the first that fails.
+project first on its path: the plan's lead tests (its likeliest killers), its cases (the harness's
+checks against the FP64 oracles, on our optimizer), then its gloo cases, then its unit tests,
+stopping at the first that fails.
 
 The verdict is "killed" (with what killed it: a failing or erroring check of a case, a failing
 test, or the mutated code failing to import) or "survived".
@@ -59,7 +60,8 @@ def verdict(p: Plan) -> tuple[str, str]:
         import oracles  # noqa: F401
     except Exception as exc:  # a mutant that breaks the import is killed by every judge
         return "killed", f"import: {type(exc).__name__}: {exc}"
-    for judges, run_them in ((p.cases, lambda: _failing_case(p.cases, "cpu")),
+    for judges, run_them in ((p.lead, lambda: _failing_tests(p.lead)),
+                             (p.cases, lambda: _failing_case(p.cases, "cpu")),
                              (p.gloo, lambda: _failing_case(p.gloo, "gloo")),
                              (p.tests, lambda: _failing_tests(p.tests))):
         found = run_them() if judges else None

@@ -238,7 +238,7 @@ class Session:
                 elif out.exists():
                     got = json.loads(out.read_text())
                     by = got["by"] or (f"passed {len(p.cases)} cpu cases, {len(p.gloo)} gloo cases, "
-                                       f"{len(p.tests)} tests")
+                                       f"{len(p.lead) + len(p.tests)} tests")
                     v = _verdict(mutant, got["status"], by, seconds)
                 else:
                     v = _verdict(mutant, "killed", f"judge process ended by {how}", seconds)
