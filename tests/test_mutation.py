@@ -257,7 +257,8 @@ def test_a_line_naming_distributed_things_gets_gloo_cases_after_its_own_judges()
 
 def test_the_judges_that_killed_a_lines_mutants_judge_its_next_one_first_and_the_verdict_is_the_same(tmp_path):
     """Killers first reorders a plan and adds no judge: the same line's killers, then the module's others,
-    each the most kills first; a survivor's `by` and a kill by an import name no judge."""
+    each the most kills first, and only the line's own killer tests lead; a survivor's `by` and a kill by an
+    import name no judge."""
     session = Session(tmp_path / "s", ROOT)
     for i, (module, line, status, by) in enumerate([
             ("m.py", 5, "killed", "test t3"), ("m.py", 5, "killed", "cpu case c2: norm fail"),
@@ -266,13 +267,14 @@ def test_the_judges_that_killed_a_lines_mutants_judge_its_next_one_first_and_the
             ("m.py", 5, "survived", "passed 3 cpu cases, 0 gloo cases, 3 tests"),
             ("m.py", 5, "killed", "import: SyntaxError: bad")]):
         session.record(Verdict(f"k{i}", module, line, "a", "b", status, by, 1.0))
-    assert session.killers("m.py", 5) == ["t3", "c2", "t2", "t1"]
-    assert session.killers("m.py", 7) == ["t2", "t1", "t3", "c2"]
+    assert session.killers("m.py", 5) == (["t3", "c2"], ["t2", "t1"])
+    assert session.killers("m.py", 7) == (["t2", "t1"], ["t3", "c2"])
     p = selection.Plan(["c1", "c2", "c3"], ["g1"], ["t1", "t2", "t3", "t4"])
-    first = selection.killers_first(p, session.killers("m.py", 5))
-    assert first == selection.Plan(["c2", "c1", "c3"], ["g1"], ["t4"], lead=["t3", "t2", "t1"])
-    assert selection.killers_first(p, ["t9", "t4"]) == selection.Plan(p.cases, p.gloo, ["t1", "t2", "t3"], ["t4"])
-    assert selection.killers_first(p, []) == p
+    assert selection.killers_first(p, *session.killers("m.py", 5)) == selection.Plan(
+        ["c2", "c1", "c3"], ["g1"], ["t2", "t1", "t4"], lead=["t3"])  # only the line's own killers lead
+    assert selection.killers_first(p, ["t9", "t4", "t3", "t2", "t1"], []) == selection.Plan(
+        p.cases, p.gloo, ["t1"], ["t4", "t3", "t2"])  # at most LEAD_TESTS
+    assert selection.killers_first(p, [], []) == p
     assert selection.judge_of("test tests/x.py::t[a b]") == "tests/x.py::t[a b]"
     assert selection.judge_of("gloo case muon/x/tp0-gather/ws2: norm fail") == "muon/x/tp0-gather/ws2"
 

@@ -223,22 +223,24 @@ def judge_of(by: str) -> str | None:
 
 
 LEAD_TESTS = 3
-"""How many of the likeliest killers that are tests run before a mutant's cases (`killers_first`)."""
+"""How many tests that killed a mutant's line before run before its cases (`killers_first`)."""
 
 
-def killers_first(p: Plan, killers: list[str]) -> Plan:
-    """`p` with the judges in `killers` (case ids and test node ids, the likeliest first) moved to the
-    front of their lists, in that order, and the first LEAD_TESTS of its tests among them moved to `lead`,
-    run before the cases. The same judges in another order: a kill and a survival are the same, only
-    reached sooner (spectral.py's 165 mutants of one line of the Gram path each took about 40 s to reach
-    the test that killed them; a coefficient table's mutants ran every CI case, about 40 s, before the test
-    that compares the tables)."""
+def killers_first(p: Plan, line: list[str], others: list[str]) -> Plan:
+    """`p` with the judges that killed mutants before moved to the front of their lists: `line`'s (those of
+    the mutant's line), then `others` (of the rest of its module), each list the likeliest first; the first
+    LEAD_TESTS tests among `line`'s moved to `lead`, run before the cases. The same judges in another order:
+    a kill and a survival are the same, only reached sooner (spectral.py's 165 mutants of one line of the
+    Gram path each took about 40 s to reach the test that killed them; a coefficient table's mutants ran
+    every CI case, about 40 s, before the test that compares the tables). Only a line's own killers lead:
+    a module's, ahead of the 2 s case that kills a line every case runs, cost 10 s a mutant."""
+    killers = line + [j for j in others if j not in line]
     rank = {j: i for i, j in reversed(list(enumerate(killers)))}
 
     def ordered(judges: list[str]) -> list[str]:
         return sorted(judges, key=lambda j: rank.get(j, len(killers)))  # stable: the rest keep their order
     tests = ordered(p.tests)
-    lead = [t for t in tests if t in rank][:LEAD_TESTS]
+    lead = [t for t in tests if t in line][:LEAD_TESTS]
     return Plan(ordered(p.cases), ordered(p.gloo), [t for t in tests if t not in lead], p.lead + lead)
 
 

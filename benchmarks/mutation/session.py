@@ -10,7 +10,7 @@ A run judges, module by module in the order asked, every mutant without a verdic
 at a time, until the budget is spent (the judges running then finish). A module whose source
 changed since its mutants were made is refused: a session judges one state of the code.
 Each mutant's judges run in the order the map gives them, but for those that killed the module's
-mutants before, which go first (`Session.killers`): the same judges, reached sooner.
+mutants before, which go first (`Session.killers`, `selection.killers_first`): the same judges, reached sooner.
 """
 
 from __future__ import annotations
@@ -90,16 +90,16 @@ class Session:
                 out[v.key] = v
         return out
 
-    def killers(self, module: str, line: int) -> list[str]:
-        """The judges that killed the module's mutants so far, the likeliest killers of one at `line`
-        first: those of the same line, then the module's others, each the most kills first."""
+    def killers(self, module: str, line: int) -> tuple[list[str], list[str]]:
+        """The judges that killed the module's mutants so far: (those of `line`, those of its other lines),
+        each the most kills first."""
         same: collections.Counter[str] = collections.Counter()
         other: collections.Counter[str] = collections.Counter()
         for v in self.verdicts().values():
             judge_id = selection.judge_of(v.by) if v.module == module and v.status == "killed" else None
             if judge_id:
                 (same if v.line == line else other)[judge_id] += 1
-        return [j for j, _ in same.most_common()] + [j for j, _ in other.most_common() if j not in same]
+        return [j for j, _ in same.most_common()], [j for j, _ in other.most_common()]
 
     def record(self, verdict: Verdict) -> None:
         with (self.path / "results.jsonl").open("a") as f:
@@ -153,7 +153,7 @@ class Session:
             p = selection.plan(the_map, mutant.module, mutant.line, the_map.gloo_cases, limits.max_cases,
                                limits.max_gloo, limits.max_tests, selection.import_lines(originals[mutant.module]),
                                mutant.before)
-            p = selection.killers_first(p, self.killers(mutant.module, mutant.line))
+            p = selection.killers_first(p, *self.killers(mutant.module, mutant.line))
             return p, limits.timeout_base + limits.timeout_factor * selection.estimated_seconds(the_map, p,
                                                                                                 GLOO_SECONDS)
 
