@@ -92,6 +92,20 @@ def test_equivariances_of_the_spectral_map():
 def test_normaliser_forms():
     assert Normaliser(1e-7, 1.01, "plus").denominator(2.0) == pytest.approx(2.02 + 1e-7)
     assert Normaliser(1e-7, 1.0, "clamp").denominator(1e-9) == 1e-7
+
+
+@pytest.mark.parametrize("form", ["plus", "clamp"])
+@pytest.mark.parametrize("frobenius", [3e-9, 0.75, 6.0])
+def test_a_scaled_denominator_is_the_denominator_of_the_scaled_matrix_over_its_factor(form, frobenius):
+    """scaled_denominator(||G'||_F, 2^k) = denominator(2^k ||G'||_F) / 2^k for G = 2^k G', both forms, where eps
+    decides the clamp (3e-9 x 2^3 < 1e-7) and where the norm does (the clamped form had no test of its own)."""
+    normaliser = Normaliser(1e-7, 1.01, form)
+    for k in (-3, 0, 3, 20):
+        factor = 2.0**k
+        assert normaliser.scaled_denominator(frobenius, factor) == pytest.approx(
+            normaliser.denominator(frobenius * factor) / factor, rel=1e-15)
+    assert Normaliser(1e-7, 1.01, "clamp").scaled_denominator(0.75, 8.0) == 1.01 * 0.75
+    assert Normaliser(1e-7, 1.01, "clamp").scaled_denominator(3e-9, 8.0) == 1e-7 / 8.0
     with pytest.raises(ValueError, match="form"):
         Normaliser(form="max")
 

@@ -173,6 +173,93 @@ def test_the_error_bound_rejects_what_it_cannot_vouch_for():
     assert spectral._gram_error(lam, lam**-0.5, -0.5 * lam**-1.5 * 1e3) > spectral.GRAM_RTOL
 
 
+def bound(lam, h, dh):
+    """_gram_error's first-order bound written from its definition: singular values s_i = sqrt(l_i) map to
+    y_i = s_i h(l_i); each l_i off by GRAM_EIGH_ERROR l_max moves y_i by s_i |h'(l_i)| GRAM_EIGH_ERROR l_max;
+    the bound is ||dy|| / ||y||."""
+    s = np.sqrt(np.clip(lam, 0.0, None))
+    y, dy = s * h, s * np.abs(dh) * spectral.GRAM_EIGH_ERROR * np.max(lam)
+    return math.sqrt(sum(v * v for v in dy)) / math.sqrt(sum(v * v for v in y))
+
+
+def test_the_error_bound_is_its_definition():
+    """_gram_error by value against `bound`, for a polynomial schedule's h and for the polar factor's
+    h = l^-1/2, where it is GRAM_EIGH_ERROR / 2 times the root mean square of (s_max / s_i)^2 (module doc);
+    a rounding-negative eigenvalue counts as 0; no size or a non-finite h' is no bound (inf)."""
+    rng = np.random.default_rng(11)
+    lam = np.sort(rng.uniform(0.02, 1.0, 40))
+    for schedule, _ in SCHEDULES.values():
+        h, dh = spectral._schedule_h(schedule, lam)
+        assert spectral._gram_error(lam, h, dh) == pytest.approx(bound(lam, h, dh), rel=1e-12)
+    assert spectral._gram_error(lam, lam**-0.5, -0.5 * lam**-1.5) == pytest.approx(
+        spectral.GRAM_EIGH_ERROR / 2 * math.sqrt(np.mean(lam**-2.0)), rel=1e-12)
+    with_negative = np.r_[-1e-17, lam]
+    h, dh = np.r_[5.0, lam**-0.5], np.r_[7.0, -0.5 * lam**-1.5]
+    assert spectral._gram_error(with_negative, h, dh) == pytest.approx(bound(lam, h[1:], dh[1:]), rel=1e-12)
+    assert spectral._gram_error(np.zeros(3), np.ones(3), np.ones(3)) == math.inf
+    assert spectral._gram_error(lam, lam**-0.5, np.r_[np.inf, lam[1:]]) == math.inf
+
+
+KAPPAS = np.linspace(2.0, 9.99, 400)
+"""Condition numbers across the Gram path's thresholds (GRAM_RTOL and GRAM_MAX_CONDITION)."""
+
+
+def spectrum(kappa, n=24):
+    """A Gram matrix's eigenvalues (ascending) whose matrix has s_max 3 and condition `kappa`: all but the
+    largest at the smallest (the root mean square of (s_max / s_i)^2 is then about kappa^2, so both
+    thresholds fall near kappa 7.5)."""
+    return 9.0 * np.r_[np.full(n - 1, 1.0 / kappa**2), 1.0]
+
+
+def test_each_map_takes_the_gram_path_exactly_where_its_criterion_says():
+    """_polar_ok and _values_ok by value over condition numbers 2-10 (the accept of the spectral map is the
+    bound above): the polar factor where GRAM_EIGH_ERROR / 2 rms((s_max / s_i)^2) <= GRAM_RTOL and every s_i is
+    at least 4 rcond s_max above the cut-off, the singular values where GRAM_EIGH_ERROR s_max^2 / (2 s_min^2) <=
+    GRAM_RTOL; both outcomes occur on the grid (the thresholds are inside it)."""
+    eps, rtol = spectral.GRAM_EIGH_ERROR, spectral.GRAM_RTOL
+    polar, values = [], []
+    for kappa in KAPPAS:
+        lam = spectrum(kappa)
+        gram = spectral._Gram(np.eye(lam.size), lam, True)
+        relative = lam[-1] / lam
+        expected = eps / 2 * math.sqrt(np.mean(relative**2)) <= rtol
+        assert spectral._polar_ok(gram, 1e-6) == expected, kappa
+        assert not spectral._polar_ok(gram, 1.01 / (4 * kappa))  # s_min within 4 rcond s_max of the cut-off
+        assert spectral._polar_ok(gram, 0.99 / (4 * kappa)) == expected
+        assert spectral._values_ok(gram) == (eps * relative[0] / 2 <= rtol), kappa
+        polar.append(expected)
+        values.append(eps * relative[0] / 2 <= rtol)
+    assert any(polar) and not all(polar) and any(values) and not all(values)
+
+
+def test_a_large_matrix_that_each_map_meets_first_is_memoised_on_its_path():
+    """Each map alone, from an empty memo: a well-conditioned large matrix is decomposed on the Gram path and
+    an ill-conditioned one on the SVD (the test above reads the path after the spectral map, which the polar
+    factor and the singular values then reuse)."""
+    rcond = float(np.finfo(np.float32).eps) * N
+    for name in ("gaussian", "condition_1e3"):
+        g, expected_path = MATRICES[name]
+        for run in (lambda: polar_factor(g, rcond), lambda: singular_values(g)):
+            spectral.clear_cache()
+            run()
+            assert spectral.path(g) == expected_path, name
+
+
+def test_a_matrix_whose_singular_values_could_overflow_is_scaled_first():
+    """_within_range's window: entries below fp64's max / 4 whose singular values (up to max|g| sqrt(size))
+    could exceed it. 0.9 x 2^1022 G (max |entry| 1) maps as G does; unscaled, its Frobenius norm overflows."""
+    g = np.random.default_rng(8).standard_normal((12, 20))
+    g /= np.max(np.abs(g))
+    sch, normaliser = Orthogonalizer.named("polar_express").schedule, Normaliser(0.0, 1.01)
+    big = g * (0.9 * 2.0**1022)
+    assert np.max(np.abs(big)) < np.finfo(np.float64).max / 4 < 0.9 * 2.0**1022 * math.sqrt(big.size) / 2
+    with np.errstate(over="ignore"):
+        assert np.linalg.norm(big) == math.inf  # the control: unscaled, the normaliser is no float
+    for got, want in ((spectral_map(big, sch, normaliser), spectral_map(g, sch, normaliser)),
+                      (polar_factor(big, 1e-6), polar_factor(g, 1e-6))):
+        assert np.all(np.isfinite(got)) and np.max(np.abs(got - want)) <= 1e-12
+
+
 def old_round_to_bf16(x):
     """oracles.rounding.round_to(x, "bf16") before issue 13 (uint64 arithmetic, np.where)."""
     single = np.asarray(x, dtype=np.float64).astype(np.float32)
