@@ -160,6 +160,25 @@ def test_the_memo_never_serves_another_matrix():
     assert rel(spectral_map(g, schedule, normaliser), svd_spectral_map(g, schedule, normaliser)) > 0.1
 
 
+def test_the_memo_keeps_the_most_recently_used_decompositions(monkeypatch):
+    """CACHE_SIZE decompositions (2 here), the least recently used evicted: a hit on a Gram or an SVD entry
+    makes it the most recent (the memo's order; without it, the entry just used would go first)."""
+    monkeypatch.setattr(spectral, "CACHE_SIZE", 2)
+    rng = np.random.default_rng(21)
+    a, b, c = (rng.standard_normal((M, 2 * M)) for _ in range(3))  # aspect 2: condition ~6, the Gram path
+    d = with_spectrum(rng, np.geomspace(1.0, 1e-3, M), M, M + 8)  # ill-conditioned: the SVD path
+    singular_values(a)
+    singular_values(b)
+    singular_values(a)  # a hit: b is now the oldest
+    singular_values(c)
+    assert [spectral.path(x) for x in (a, b, c)] == ["gram", "", "gram"] and len(spectral._CACHE) == 2
+    singular_values(d)
+    singular_values(c)  # a Gram hit
+    singular_values(d)  # an SVD hit: c is now the oldest
+    singular_values(a)
+    assert [spectral.path(x) for x in (a, c, d)] == ["gram", "", "svd"] and len(spectral._CACHE) == 2
+
+
 def test_the_error_bound_rejects_what_it_cannot_vouch_for():
     """The criterion's parts: a condition number above GRAM_MAX_CONDITION, or a bound above GRAM_RTOL
     (a wrongly small GRAM_EIGH_ERROR would accept more), each sends a matrix to the SVD."""
