@@ -266,7 +266,8 @@ def test_a_large_matrix_that_each_map_meets_first_is_memoised_on_its_path():
 
 def test_a_matrix_whose_singular_values_could_overflow_is_scaled_first():
     """_within_range's window: entries below fp64's max / 4 whose singular values (up to max|g| sqrt(size))
-    could exceed it. 0.9 x 2^1022 G (max |entry| 1) maps as G does; unscaled, its Frobenius norm overflows."""
+    could exceed it (the margin: the normaliser's scale). 0.9 x 2^1022 G (max |entry| 1) maps as G does; unscaled,
+    its Frobenius norm overflows."""
     g = np.random.default_rng(8).standard_normal((12, 20))
     g /= np.max(np.abs(g))
     sch, normaliser = Orthogonalizer.named("polar_express").schedule, Normaliser(0.0, 1.01)
@@ -277,6 +278,12 @@ def test_a_matrix_whose_singular_values_could_overflow_is_scaled_first():
     for got, want in ((spectral_map(big, sch, normaliser), spectral_map(g, sch, normaliser)),
                       (polar_factor(big, 1e-6), polar_factor(g, 1e-6))):
         assert np.all(np.isfinite(got)) and np.max(np.abs(got - want)) <= 1e-12
+    # a finite norm within a hundredth of fp64's largest: the normaliser's 1.01 x ||G||_F is no float unscaled
+    flat = np.full((2, 2), 0.995 * np.finfo(np.float64).max / 2)
+    frobenius = 2 * float(flat[0, 0])  # its one singular value
+    assert math.isfinite(frobenius) and not math.isfinite(1.01 * frobenius)
+    got, want = spectral_map(flat, sch, normaliser), spectral_map(np.ones((2, 2)), sch, normaliser)
+    assert np.max(np.abs(got - want)) <= 1e-12
 
 
 def old_round_to_bf16(x):
