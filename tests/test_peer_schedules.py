@@ -148,7 +148,7 @@ def test_probe_flags_a_target_declaring_cautious_decay_that_decays_everything():
 # schedules. Our optimizer running dion's schedule (and, on tiny gradients, its eps 1e-8) reproduces the
 # statistics (decay -0.0047 against dion's -0.0046 on NORM_PE; +0.0154 against +0.0162 on NORM_NS).
 
-NORM_PE = "muon/linear_row-1x16/mb5/noflat/fp32@bf16/pe/rms_norm/plain/wd0/steps3/tiny/seed0"
+NORM_PE = "muon/conv2d-8x4x3x3/mb5/noflat/fp32@bf16/pe/rms_norm/plain/wd0/steps3/tiny/seed0"
 NORM_NS = "muon/linear_row-1x16/mb1/noflat/fp32@bf16/ns/spectral_norm/plain/wd0/steps1/gaussian/seed0"
 
 
@@ -184,7 +184,10 @@ def test_noise_keys_name_the_declared_schedule_and_tiny_eps():
     assert noise_key(pe, "bf16") == noise_key(pe, "bf16", declared=OursMuon().conventions(pe).orthogonalizer) \
         == "muon/fp32@bf16/polar_express/tiny"
     assert noise_key(pe, "bf16", declared=dion(pe)) == "muon/fp32@bf16/polar_express:pe102/tiny:eps1e-08"
-    assert noise_key(ns, "bf16", declared=dion(ns)) == "muon/fp32@bf16/newton_schulz:you/gaussian"
+    assert noise_key(ns, "bf16", declared=dion(ns)) == "muon/fp32@bf16/newton_schulz:you/gaussian/linear_row/noflat"
+    # one singular value in all: the 1 x 16 layer; not the 1 x 1 convolution's 32 kernel taps
+    k1 = Case.from_id(NORM_PE.replace("conv2d-8x4x3x3", "conv2d_k1-8x4x1x1"))
+    assert noise_key(k1, "bf16") == "muon/fp32@bf16/polar_express/tiny"
     assert noise_key(pe, "bf16", declared=load_target("dtensor-muon").conventions(pe).orthogonalizer) \
         == "muon/fp32@bf16/polar_express:pe102/tiny"  # its eps is ours'
     # the schedule names are the tolerance policy's own

@@ -3,7 +3,8 @@ noise of correct bf16 implementations, per key, and its allowance.
 
 Two tables (harness/policy/tables.py), both written by harness/policy/calibrate/:
   bf16_noise.json        kind "noise": per noise key (keys.noise_key: algorithm, dtypes, the case's
-                         orthogonalizer and the schedule the target declares, gradient kind) the worst
+                         orthogonalizer and the schedule the target declares, gradient kind; the layer
+                         and view of a one-row layer) the worst
                          |statistic| of the panel (norm, decay, sv_mean, sv_spread, row_spread), over the
                          layers its "conditions" name
   bf16_drift_noise.json  kind "drift": per drift key (keys.drift_key: the noise key, layer and matrix view)
