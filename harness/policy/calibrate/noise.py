@@ -42,6 +42,10 @@ merge them in this order, each into the last):
   --seeds 4 --schedules pe105 --skip '^(?!muon/.*/(pe|gns)/)'              (gram-newton-schulz)
   --seeds 4 --schedules pe4dp --skip '^(?!muon/.*/pe/)'                    (emerging-optimizers)
 
+The one-row layer's own keys (harness/policy/keys.py one_singular_value) were then measured at --seeds 100 with
+--skip '^(?!.*/linear_row-)' by the whole panel, and by each schedule command above with its --skip restricted
+to linear_row ('^(?!(muon|normuon)/linear_row-.*/ns/)', ...).
+
   python -m harness.policy.calibrate.noise [--jobs N] [--out harness/policy/data/bf16_noise.json] [--tier ci|none]
       [--seeds N]
       [--skip REGEX] [--drawn N --drawn-seed S --optimizers NAME ...] [--merge FILE ... [--drop REGEX]]
