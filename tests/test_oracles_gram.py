@@ -204,17 +204,19 @@ def bound(lam, h, dh):
 def test_the_error_bound_is_its_definition():
     """_gram_error by value against `bound`, for a polynomial schedule's h and for the polar factor's
     h = l^-1/2, where it is GRAM_EIGH_ERROR / 2 times the root mean square of (s_max / s_i)^2 (module doc);
-    a rounding-negative eigenvalue counts as 0; no size or a non-finite h' is no bound (inf)."""
+    a rounding-negative eigenvalue counts as 0; no size or a non-finite h' is no bound (inf). (abs=0: the
+    bounds are ~1e-14, within pytest.approx's default absolute tolerance of 1e-12 of anything small.)"""
     rng = np.random.default_rng(11)
     lam = np.sort(rng.uniform(0.02, 1.0, 40))
     for schedule, _ in SCHEDULES.values():
         h, dh = spectral._schedule_h(schedule, lam)
-        assert spectral._gram_error(lam, h, dh) == pytest.approx(bound(lam, h, dh), rel=1e-12)
-    assert spectral._gram_error(lam, lam**-0.5, -0.5 * lam**-1.5) == pytest.approx(
-        spectral.GRAM_EIGH_ERROR / 2 * math.sqrt(np.mean(lam**-2.0)), rel=1e-12)
+        assert spectral._gram_error(lam, h, dh) == pytest.approx(bound(lam, h, dh), rel=1e-12, abs=0)
+    unit = lam / lam[-1]  # as _polar_ok has them: l_max = 1
+    assert spectral._gram_error(unit, unit**-0.5, -0.5 * unit**-1.5) == pytest.approx(
+        spectral.GRAM_EIGH_ERROR / 2 * math.sqrt(np.mean(unit**-2.0)), rel=1e-12, abs=0)
     with_negative = np.r_[-1e-17, lam]
     h, dh = np.r_[5.0, lam**-0.5], np.r_[7.0, -0.5 * lam**-1.5]
-    assert spectral._gram_error(with_negative, h, dh) == pytest.approx(bound(lam, h[1:], dh[1:]), rel=1e-12)
+    assert spectral._gram_error(with_negative, h, dh) == pytest.approx(bound(lam, h[1:], dh[1:]), rel=1e-12, abs=0)
     assert spectral._gram_error(np.zeros(3), np.ones(3), np.ones(3)) == math.inf
     assert spectral._gram_error(lam, lam**-0.5, np.r_[np.inf, lam[1:]]) == math.inf
 
