@@ -102,6 +102,29 @@ def test_the_gram_path_agrees_with_the_svd_and_falls_back_where_ill_conditioned(
     assert spectral.path(g) == expected_path
 
 
+@pytest.mark.parametrize("shape", [(4, 6), (M, M + 3)])
+def test_a_zero_matrix_maps_to_zero_without_eps(shape):
+    """d = 0 (a zero matrix, eps 0): the spectral map is the zero matrix, not 0/0, small or large; the polar
+    factor and the singular values are zero too."""
+    g = np.zeros(shape)
+    for schedule, _ in SCHEDULES.values():
+        got = spectral_map(g, schedule, Normaliser(0.0, 1.0))
+        assert got.shape == shape and np.array_equal(got, g)
+    assert np.array_equal(polar_factor(g, 1e-6), g) and not singular_values(g).any()
+
+
+@pytest.mark.parametrize("shape", [(M + 1,), (2, 3, 4)])
+def test_only_a_matrix_is_mapped(shape):
+    """A vector (longer than GRAM_MIN_SIDE: not taken for a large matrix) or a stack is refused as no matrix."""
+    g = np.ones(shape)
+    schedule, normaliser = SCHEDULES["polar_express"]
+    with pytest.raises(ValueError, match="expected a matrix"):
+        spectral_map(g, schedule, normaliser)
+    with pytest.raises(ValueError, match="expected a matrix"):
+        polar_factor(g, 1e-6)
+    assert spectral.path(g) == "" and not spectral._CACHE
+
+
 def test_the_svd_path_falls_back_to_gesvd_where_gesdd_fails(monkeypatch):
     """A large matrix the criterion sends to the SVD takes gesdd (tested above to agree with gesvd), and
     gesvd, exactly the old arithmetic, where gesdd does not converge."""
