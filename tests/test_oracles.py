@@ -105,6 +105,11 @@ def test_a_scaled_denominator_is_the_denominator_of_the_scaled_matrix_over_its_f
         assert normaliser.scaled_denominator(frobenius, factor) == pytest.approx(
             normaliser.denominator(frobenius * factor) / factor, rel=1e-15, abs=0)
     assert Normaliser(1e-7, 1.01, "clamp").scaled_denominator(0.75, 8.0) == 1.01 * 0.75
+    plus, built = Normaliser(1e-7, 1.01, "plus"), Normaliser(1e-7, 1.01, "".join(["pl", "us"]))
+    # a form read at run time (from a file, say) is read by value
+    assert built.denominator(frobenius) == plus.denominator(frobenius) != Normaliser(1e-7, 1.01, "clamp").denominator(
+        frobenius)
+    assert built.scaled_denominator(frobenius, 8.0) == plus.scaled_denominator(frobenius, 8.0)
     assert Normaliser(1e-7, 1.01, "clamp").scaled_denominator(3e-9, 8.0) == 1e-7 / 8.0
     with pytest.raises(ValueError, match="form"):
         Normaliser(form="max")

@@ -125,6 +125,16 @@ def test_only_a_matrix_is_mapped(shape):
     assert spectral.path(g) == "" and not spectral._CACHE
 
 
+def test_a_large_matrix_of_subnormal_entries_maps_unscaled():
+    """_normalised leaves a matrix whose largest entry is below 2^-1000 as it is (2^-e would overflow from
+    e < -1023: a subnormal largest entry): such a large matrix maps, and as the SVD path says."""
+    g = MATRICES["gaussian"][0] * 2.0**-1070
+    assert np.max(np.abs(g)) < np.finfo(np.float64).tiny and spectral._normalised(g)[1] == 0
+    schedule, normaliser = SCHEDULES["polar_express"]
+    got, want = spectral_map(g, schedule, normaliser), svd_spectral_map(g, schedule, normaliser)
+    assert np.max(np.abs(got - want)) <= 1e-9 * np.max(np.abs(want))  # subnormal results: fewer digits
+
+
 def test_the_svd_path_falls_back_to_gesvd_where_gesdd_fails(monkeypatch):
     """A large matrix the criterion sends to the SVD takes gesdd (tested above to agree with gesvd), and
     gesvd, exactly the old arithmetic, where gesdd does not converge."""
