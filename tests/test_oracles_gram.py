@@ -286,6 +286,18 @@ def test_each_map_takes_the_gram_path_exactly_where_its_criterion_says():
     assert any(polar) and not all(polar) and any(values) and not all(values)
 
 
+def test_a_steep_map_of_a_well_conditioned_matrix_takes_the_svd():
+    """The spectral map's own error bound, not only the condition number, decides its path: Polar Express's first
+    polynomial three times from 20 x the matrix's normalised start has a bound of ~3e-13 on the Gaussian matrix
+    (condition ~6), above GRAM_RTOL, so the map is the SVD's."""
+    g = MATRICES["gaussian"][0]
+    schedule = [Orthogonalizer.named("polar_express").schedule[0]] * 3
+    normaliser = Normaliser(1e-7, 0.05)
+    got = spectral_map(g, schedule, normaliser)
+    assert spectral.path(g) == "svd" and spectral._well_conditioned(spectral._gram(g).lam)
+    assert rel(got, svd_spectral_map(g, schedule, normaliser)) < AGREE
+
+
 def test_a_large_matrix_that_each_map_meets_first_is_memoised_on_its_path():
     """Each map alone, from an empty memo: a well-conditioned large matrix is decomposed on the Gram path and
     an ill-conditioned one on the SVD (the test above reads the path after the spectral map, which the polar
