@@ -303,12 +303,12 @@ def test_a_large_matrix_that_each_map_meets_first_is_memoised_on_its_path():
     an ill-conditioned one on the SVD (the test above reads the path after the spectral map, which the polar
     factor and the singular values then reuse)."""
     rcond = float(np.finfo(np.float32).eps) * N
-    for name in ("gaussian", "condition_1e3"):
-        g, expected_path = MATRICES[name]
+    wider = np.random.default_rng(4).standard_normal((M + 1, 2 * M))  # a short side above GRAM_MIN_SIDE
+    for g, expected_path in (MATRICES["gaussian"], MATRICES["condition_1e3"], (wider, "gram")):
         for run in (lambda: polar_factor(g, rcond), lambda: singular_values(g)):
             spectral.clear_cache()
             run()
-            assert spectral.path(g) == expected_path, name
+            assert spectral.path(g) == expected_path, g.shape
 
 
 def test_a_matrix_whose_singular_values_could_overflow_is_scaled_first():
