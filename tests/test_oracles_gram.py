@@ -284,6 +284,19 @@ def test_each_map_takes_the_gram_path_exactly_where_its_criterion_says():
         polar.append(expected)
         values.append(eps * relative[0] / 2 <= rtol)
     assert any(polar) and not all(polar) and any(values) and not all(values)
+    # the condition number is s_max / s_min, not against the second largest (all but the largest are equal here)
+    assert spectral._well_conditioned(spectrum(9.99)) and not spectral._well_conditioned(spectrum(20.0))
+
+
+def test_a_large_matrix_whose_largest_entries_are_negative_is_normalised_by_them():
+    """_normalised's power of two is at the largest |entry|, negative ones too: -2^1000 [I 0] (no positive entry,
+    condition 1) takes the Gram path; unnormalised, its Gram matrix (2^2000) is no float."""
+    g = -np.eye(M, 2 * M) * 2.0**1000
+    assert spectral._normalised(g)[1] == 1001
+    schedule, normaliser = SCHEDULES["polar_express"]
+    got = spectral_map(g, schedule, normaliser)
+    assert spectral.path(g) == "gram"
+    assert np.max(np.abs(got - svd_spectral_map(g, schedule, normaliser))) <= 1e-12
 
 
 def test_a_steep_map_of_a_well_conditioned_matrix_takes_the_svd():
