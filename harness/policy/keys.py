@@ -184,8 +184,10 @@ def one_singular_value(case: Case) -> bool:
 
 
 def _with_shape(key: Key, case: Case) -> Key:
+    """`key` with the case's layer and matrix view ("flat" only where flattening changes it: a 2-D layer's one
+    matrix is the same either way)."""
     return Key(key.optimizer, key.param_dtype, key.compute_dtype, key.schedule, key.regime, case.layer,
-               "flat" if case.flatten else "noflat")
+               "flat" if case.flatten and len(case.shape) > 2 else "noflat")
 
 
 def drift_key(case: Case, compute_dtype: str) -> Key:
