@@ -77,6 +77,7 @@ def test_polar_factor_of_rank_deficient_and_zero():
     np.testing.assert_allclose(singular_values(q)[:3], 1.0, atol=1e-12)
     assert singular_values(q)[3] < 1e-12
     assert not polar_factor(np.zeros((4, 6)), 1e-12).any()
+    assert polar_factor(np.zeros((0, 6)), 1e-12).shape == (0, 6)  # no singular value: no s[0] to read
 
 
 def test_equivariances_of_the_spectral_map():
