@@ -70,7 +70,7 @@ DEFAULTS_TESTS = ("tests/test_defaults.py::test_defaults_step_as_documented",)
 @dataclass(frozen=True)
 class Plan:
     """The judges of one mutant, run in this order until one fails: `lead` (tests that killed mutants of
-    its line or module before: `killers_first`), `cases`, `gloo`, `tests`."""
+    its line before: `killers_first`), `cases`, `gloo`, `tests`."""
 
     cases: list[str] = field(default_factory=list)
     gloo: list[str] = field(default_factory=list)
