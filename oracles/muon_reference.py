@@ -22,7 +22,7 @@ import numpy as np
 
 from oracles.conventions import Conventions, Orthogonalizer, lr_scale
 from oracles.rounding import opmath, round_direction, round_to, stored
-from oracles.spectral import condition_number, polar_factor, spectral_map
+from oracles.spectral import polar_factor, spectral_map
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,6 @@ def orthogonalize(u: np.ndarray, spec: Orthogonalizer, flatten: bool) -> np.ndar
     else:
         out = [spectral_map(m, spec.schedule, spec.normaliser) for m in mats]
     return np.stack(out).reshape(u.shape)
-
-
-def max_condition(x: np.ndarray, flatten: bool) -> float:
-    """The largest condition number among the matrices of the view of `x`."""
-    return max(condition_number(m) for m in matrix_view(np.asarray(x, np.float64), flatten))
 
 
 class DebiasedMomentum(NamedTuple):

@@ -142,12 +142,11 @@ def _large(g: np.ndarray) -> bool:
 def _normalised(g: np.ndarray) -> tuple[np.ndarray, int]:
     """(g / 2^e, e), with 2^e the power of two at g's largest |entry| (2^1023 above it: 2^1024 is no
     float) when that division is exact (no entry lost to the subnormal range), else (g, 0): the gradients
-    x 2^10 of `scale` then share the decomposition of the run without, and no Gram matrix of a finite g
-    overflows. (A product by a power of two: np.ldexp is ~10x slower.)"""
+    x 2^10 of `scale` then share the decomposition of the run without, and the Gram matrix of a finite g
+    overflows only where g stays unscaled (its criterion then rejects the infinite eigenvalues: the SVD).
+    (A product by a power of two: np.ldexp is ~10x slower.)"""
     top = max(float(np.max(g, initial=0.0)), -float(np.min(g, initial=0.0)))
-    if not math.isfinite(top) or top == 0.0:
-        return g, 0
-    e = min(math.frexp(top)[1], 1023)
+    e = min(math.frexp(top)[1], 1023)  # 0 for a zero or non-finite top, as for one in [0.5, 1)
     if e == 0 or e < -1000:
         return g, 0
     scaled = g * math.ldexp(1.0, -e)
@@ -344,10 +343,3 @@ def singular_values(g: np.ndarray) -> np.ndarray:
         return (_spectrum_of(dec)[::-1] if isinstance(dec, _Gram) else dec.s) * factor
     return scipy.linalg.svd(np.asarray(g, dtype=np.float64), compute_uv=False, lapack_driver="gesvd")
 
-
-def condition_number(g: np.ndarray) -> float:
-    """s_max / s_min over min(m, n) singular values: inf if rank-deficient, 1 for a zero matrix."""
-    s = singular_values(g)
-    if s.size == 0 or s[0] == 0.0:
-        return 1.0
-    return float(s[0] / s[-1]) if s[-1] > 0.0 else float("inf")

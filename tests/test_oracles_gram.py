@@ -125,6 +125,17 @@ def test_only_a_matrix_is_mapped(shape):
     assert spectral.path(g) == "" and not spectral._CACHE
 
 
+def test_a_large_matrix_of_tiny_entries_is_normalised_first():
+    """2^-520 G (entries ~1e-157): its Gram matrix unnormalised would be subnormal (products ~1e-313, ten digits);
+    _normalised's power of two is at its own largest entry (not at 1), so it takes the Gram path at full accuracy."""
+    g = MATRICES["gaussian"][0] * 2.0**-520
+    assert spectral._normalised(g)[1] < -500
+    schedule, normaliser = SCHEDULES["polar_express"]
+    got = spectral_map(g, schedule, normaliser)
+    assert spectral.path(g) == "gram"
+    assert rel(got, svd_spectral_map(g, schedule, normaliser)) < AGREE
+
+
 def test_a_large_matrix_of_subnormal_entries_maps_unscaled():
     """_normalised leaves a matrix whose largest entry is below 2^-1000 as it is (2^-e would overflow from
     e < -1023: a subnormal largest entry): such a large matrix maps, and as the SVD path says."""
@@ -133,6 +144,19 @@ def test_a_large_matrix_of_subnormal_entries_maps_unscaled():
     schedule, normaliser = SCHEDULES["polar_express"]
     got, want = spectral_map(g, schedule, normaliser), svd_spectral_map(g, schedule, normaliser)
     assert np.max(np.abs(got - want)) <= 1e-9 * np.max(np.abs(want))  # subnormal results: fewer digits
+
+
+def test_a_large_matrix_whose_gram_matrix_overflows_takes_the_svd():
+    """2^1000 G with one subnormal entry cannot be normalised exactly (that entry would be lost), so it stays
+    unscaled and its Gram matrix (~2^2000) is infinite: the eigensolver must take it without a finiteness check
+    and the criterion reject it, and the maps are the SVD's (an eigensolver that refuses inf raises instead)."""
+    g = MATRICES["gaussian"][0] * 2.0**1000
+    g[0, 0] = 5e-324
+    assert spectral._normalised(g)[1] == 0 and not np.all(np.isfinite(g @ g.T))
+    got = singular_values(g)
+    assert spectral.path(g) == "svd"
+    want = svd_values(g)
+    assert np.max(np.abs(got - want)) <= 1e-14 * want[0]
 
 
 def test_the_svd_path_falls_back_to_gesvd_where_gesdd_fails(monkeypatch):
@@ -174,6 +198,21 @@ def test_a_scaled_matrix_shares_the_decomposition_and_keeps_its_own_normaliser()
     assert rel(small, svd_spectral_map(g, schedule, normaliser)) < AGREE
     assert rel(big, svd_spectral_map(g * 2.0**40, schedule, normaliser)) < AGREE
     assert rel(small, big) > 1e-4, "eps 1e-7 against ||G|| ~ 7e-7 must show"
+
+
+def test_power_of_two_multiples_share_the_decomposition_up_to_the_cap():
+    """_normalised divides by 2^e, e the exponent of the largest |entry| as frexp gives it ([0.5, 1) x 2^e), capped
+    at 1023: G with max |entry| exactly 1 and its multiples by 2^10 and 2^1022 (the cap's own exponent) are one
+    matrix to the memo; G x 2^1023, above the cap, is divided by 2^1023 (2^1024 is no float) and has G's polar factor."""
+    g = MATRICES["gaussian"][0] / np.max(np.abs(MATRICES["gaussian"][0]))
+    assert np.max(np.abs(g)) == 1.0
+    schedule, normaliser = SCHEDULES["polar_express"]
+    for k in (0, 10, 1022):
+        spectral_map(g * 2.0**k, schedule, normaliser)
+        assert len(spectral._CACHE) == 1, f"G x 2^{k} was decomposed again"
+    rcond = float(np.finfo(np.float32).eps) * N
+    assert spectral._normalised(g * 2.0**1023)[1] == 1023
+    assert rel(polar_factor(g * 2.0**1023, rcond), polar_factor(g, rcond)) < AGREE
 
 
 def test_the_memo_never_serves_another_matrix():

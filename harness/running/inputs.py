@@ -9,13 +9,11 @@ from __future__ import annotations
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import torch
 
 from cases import Case, gradient, initial_parameter
-from oracles import max_condition
 
 TORCH_DTYPES: Mapping[str, torch.dtype] = types.MappingProxyType({"fp64": torch.float64, "fp32": torch.float32,
                                         "bf16": torch.bfloat16, "fp16": torch.float16})
@@ -27,11 +25,6 @@ class Inputs:
     params: list[torch.Tensor]
     grads: list[list[torch.Tensor]]
     flatten: bool
-
-    @cached_property
-    def condition(self) -> float:
-        """Worst condition number over the matrices of every gradient (FP64, after rounding)."""
-        return max(max_condition(f64(g), self.flatten) for step in self.grads for g in step)
 
     def scaled(self, factor: float) -> "Inputs":
         """Same parameters, gradients multiplied by `factor` (exact for powers of two)."""
