@@ -482,3 +482,37 @@ def test_survivors_are_judged_again_only_by_files_the_unmutated_code_passes(tmp_
     done = subprocess.run([sys.executable, "-c", CONTROL, str(tmp_path), "tests/test_one.py"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.stdout.startswith(want), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+THREADS = """
+import os, sys
+from benchmarks.mutation import workers
+if sys.argv[1] == "one":
+    workers.one_thread()
+workers.preload()
+import numpy as np
+import torch
+a = np.ones((600, 600))
+a @ a
+torch.ones(300, 300) @ torch.ones(300, 300)
+print(len(os.listdir("/proc/self/task")), *(os.environ.get(v) for v in workers.ONE_THREAD))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2,
+                    reason="counts a process's threads in /proc, which needs more than one core to differ")
+def test_one_thread_holds_the_driver_and_its_judges_to_one_blas_thread():
+    """The driver's BLAS and OpenMP pools are one thread where the caller set none (forked judges inherit them);
+    after numpy or torch is imported it refuses, and sets nothing."""
+    env = {k: v for k, v in os.environ.items() if k not in workers.ONE_THREAD}
+    runs = {how: subprocess.run([sys.executable, "-c", THREADS, how], cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=300) for how in ("one", "default")}
+    (one, *one_vars), (default, *default_vars) = (runs[h].stdout.split() for h in ("one", "default"))
+    assert one_vars == ["1"] * 3 and default_vars == ["None"] * 3
+    assert int(one) < int(default), (one, default)
+    import numpy  # noqa: F401 (the refusal's condition, in this test's process)
+
+    before = {v: os.environ.get(v) for v in workers.ONE_THREAD}
+    with pytest.raises(RuntimeError, match="before numpy or torch is imported"):
+        workers.one_thread()
+    assert {v: os.environ.get(v) for v in workers.ONE_THREAD} == before

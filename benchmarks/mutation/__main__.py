@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no module to mutate")
         return 0
     if not args.report_only:
+        workers.one_thread()
         workers.preload()
         limits = Limits(args.max_cases, args.max_gloo, args.max_tests)
         timeout_base = args.timeout_base or (AGAIN_TIMEOUT if args.survivors_against else None)
