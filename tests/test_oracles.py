@@ -113,7 +113,7 @@ def test_a_scaled_denominator_is_the_denominator_of_the_scaled_matrix_over_its_f
     assert built.scaled_denominator(frobenius, 8.0) == plus.scaled_denominator(frobenius, 8.0)
     assert Normaliser(1e-7, 1.01, "clamp").scaled_denominator(3e-9, 8.0) == 1e-7 / 8.0
     with pytest.raises(ValueError, match="form"):
-        Normaliser(form="max")
+        Normaliser(1e-7, 1.0, form="max")
 
 
 @pytest.mark.parametrize("fmt,dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32), ("fp16", torch.float16)])

@@ -4,6 +4,7 @@ path (the old arithmetic, re-stated here) to 1e-12; rank-deficient and ill-condi
 SVD; small matrices keep the SVD bit for bit; the memo never serves another matrix's decomposition. Both
 paths are right up to fp64's range."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -202,17 +203,27 @@ def test_a_scaled_matrix_shares_the_decomposition_and_keeps_its_own_normaliser()
 
 def test_power_of_two_multiples_share_the_decomposition_up_to_the_cap():
     """_normalised divides by 2^e, e the exponent of the largest |entry| as frexp gives it ([0.5, 1) x 2^e), capped
-    at 1023: G with max |entry| exactly 1 and its multiples by 2^10 and 2^1022 (the cap's own exponent) are one
+    at 1023: G with max |entry| exactly 1 and its multiples by 2^10, 2^1022 (the cap's own exponent) and 2^-2 are one
     matrix to the memo; G x 2^1023, above the cap, is divided by 2^1023 (2^1024 is no float) and has G's polar factor."""
     g = MATRICES["gaussian"][0] / np.max(np.abs(MATRICES["gaussian"][0]))
     assert np.max(np.abs(g)) == 1.0
     schedule, normaliser = SCHEDULES["polar_express"]
-    for k in (0, 10, 1022):
+    for k in (0, 10, 1022, -2):  # -2: max |entry| 1/4, frexp's exponent -1
         spectral_map(g * 2.0**k, schedule, normaliser)
         assert len(spectral._CACHE) == 1, f"G x 2^{k} was decomposed again"
     rcond = float(np.finfo(np.float32).eps) * N
     assert spectral._normalised(g * 2.0**1023)[1] == 1023
     assert rel(polar_factor(g * 2.0**1023, rcond), polar_factor(g, rcond)) < AGREE
+
+
+@pytest.mark.parametrize("record, field", [(Normaliser(1e-7, 1.0), "eps"),
+                                           (spectral._Gram(np.eye(2), np.ones(2), True), "lam"),
+                                           (spectral._SVD(np.eye(2), np.ones(2), np.eye(2)), "s")])
+def test_the_spectral_records_are_frozen(record, field):
+    """A normaliser is a value that conventions share, and a memoised decomposition is served to every later call
+    on its matrix: neither can be changed in place."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(record, field, None)
 
 
 def test_the_memo_never_serves_another_matrix():
@@ -325,6 +336,30 @@ def test_each_map_takes_the_gram_path_exactly_where_its_criterion_says():
     assert any(polar) and not all(polar) and any(values) and not all(values)
     # the condition number is s_max / s_min, not against the second largest (all but the largest are equal here)
     assert spectral._well_conditioned(spectrum(9.99)) and not spectral._well_conditioned(spectrum(20.0))
+
+
+def test_each_criterion_reads_the_extreme_eigenvalues():
+    """The criteria by value where only the smallest eigenvalue decides (the grid above has all but the largest
+    equal): a condition of 10.5 is not well conditioned; a smallest singular value under the rank gap fails the
+    polar factor's criterion though the next is above it; and the singular values' bound GRAM_EIGH_ERROR l_max /
+    (2 l_min) crosses GRAM_RTOL at l_max / l_min = 2 GRAM_RTOL / (16 eps), about 56 (LAPACK's eigh error taken as
+    16 eps), read at l_min, not the next eigenvalue."""
+    one = lambda lam: spectral._Gram(np.eye(len(lam)), np.asarray(lam, dtype=np.float64), True)  # noqa: E731
+    assert not spectral._well_conditioned(np.array([1.0 / 10.5**2, 1.0, 1.0, 1.0]))
+    assert not spectral._well_conditioned(np.array([1e-4, 1.0, 1.0, 1.0]))
+    assert spectral._polar_ok(one([0.2**2, 0.5**2, 1.0]), 0.01) and not spectral._polar_ok(one([0.2**2, 0.5**2, 1.0]), 0.1)
+    assert spectral._values_ok(one([1.0 / 55, 1.0 / 10, 1.0])) and not spectral._values_ok(one([1.0 / 58, 1.0 / 10, 1.0]))
+
+
+def test_the_gram_path_starts_at_a_short_side_of_512():
+    """GRAM_MIN_SIDE as documented: a matrix is large from a short side of 512 (and only a matrix)."""
+    assert spectral._large(np.zeros((512, 600))) and spectral._large(np.zeros((700, 512)))
+    assert not spectral._large(np.zeros((511, 600))) and not spectral._large(np.zeros((600, 511)))
+
+
+def test_the_frobenius_norm_of_a_zero_or_empty_spectrum_is_zero():
+    assert spectral.frobenius(np.zeros(4)) == 0.0 and spectral.frobenius(np.zeros(0)) == 0.0
+    assert spectral.frobenius(np.array([3.0, 4.0])) == 5.0
 
 
 def test_a_large_matrix_whose_largest_entries_are_negative_is_normalised_by_them():
