@@ -38,12 +38,10 @@ class Normaliser:
 
     form "plus":  d = scale * ||G||_F + eps      (Keller Jordan, Polar Express)
     form "clamp": d = max(scale * ||G||_F, eps)  (torch.optim.Muon)
-
-    eps and scale have no defaults: each convention states its own (oracles/conventions.py).
     """
 
-    eps: float
-    scale: float
+    eps: float = 1e-7
+    scale: float = 1.0
     form: str = "plus"
 
     def __post_init__(self) -> None:
