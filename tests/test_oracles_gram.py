@@ -203,8 +203,9 @@ def test_a_scaled_matrix_shares_the_decomposition_and_keeps_its_own_normaliser()
 
 def test_power_of_two_multiples_share_the_decomposition_up_to_the_cap():
     """_normalised divides by 2^e, e the exponent of the largest |entry| as frexp gives it ([0.5, 1) x 2^e), capped
-    at 1023: G with max |entry| exactly 1 and its multiples by 2^10, 2^1022 (the cap's own exponent) and 2^-2 are one
-    matrix to the memo; G x 2^1023, above the cap, is divided by 2^1023 (2^1024 is no float) and has G's polar factor."""
+    at 1023: G with max |entry| exactly 1 and its multiples by 2^10, 2^1022 (the cap's own exponent) and 2^-2 are
+    one matrix to the memo; G x 2^1023, above the cap, is divided by 2^1023 (2^1024 is no float) and has G's polar
+    factor."""
     g = MATRICES["gaussian"][0] / np.max(np.abs(MATRICES["gaussian"][0]))
     assert np.max(np.abs(g)) == 1.0
     schedule, normaliser = SCHEDULES["polar_express"]
@@ -315,6 +316,11 @@ def spectrum(kappa, n=24):
     return 9.0 * np.r_[np.full(n - 1, 1.0 / kappa**2), 1.0]
 
 
+def gram_of(lam):
+    """A Gram decomposition with eigenvalues `lam` (ascending) and identity eigenvectors."""
+    return spectral._Gram(np.eye(len(lam)), np.asarray(lam, dtype=np.float64), True)
+
+
 def test_each_map_takes_the_gram_path_exactly_where_its_criterion_says():
     """_polar_ok and _values_ok by value over condition numbers 2-10 (the accept of the spectral map is the
     bound above): the polar factor where GRAM_EIGH_ERROR / 2 rms((s_max / s_i)^2) <= GRAM_RTOL and every s_i is
@@ -324,7 +330,7 @@ def test_each_map_takes_the_gram_path_exactly_where_its_criterion_says():
     polar, values = [], []
     for kappa in KAPPAS:
         lam = spectrum(kappa)
-        gram = spectral._Gram(np.eye(lam.size), lam, True)
+        gram = gram_of(lam)
         relative = lam[-1] / lam
         expected = eps / 2 * math.sqrt(np.mean(relative**2)) <= rtol
         assert spectral._polar_ok(gram, 1e-6) == expected, kappa
@@ -344,15 +350,16 @@ def test_each_criterion_reads_the_extreme_eigenvalues():
     polar factor's criterion though the next is above it; and the singular values' bound GRAM_EIGH_ERROR l_max /
     (2 l_min) crosses GRAM_RTOL at l_max / l_min = 2 GRAM_RTOL / (16 eps), about 56 (LAPACK's eigh error taken as
     16 eps), read at l_min, not the next eigenvalue."""
-    one = lambda lam: spectral._Gram(np.eye(len(lam)), np.asarray(lam, dtype=np.float64), True)  # noqa: E731
     assert not spectral._well_conditioned(np.array([1.0 / 10.5**2, 1.0, 1.0, 1.0]))
     assert not spectral._well_conditioned(np.array([1e-4, 1.0, 1.0, 1.0]))
-    assert spectral._polar_ok(one([0.2**2, 0.5**2, 1.0]), 0.01) and not spectral._polar_ok(one([0.2**2, 0.5**2, 1.0]), 0.1)
-    assert spectral._values_ok(one([1.0 / 55, 1.0 / 10, 1.0])) and not spectral._values_ok(one([1.0 / 58, 1.0 / 10, 1.0]))
+    gap = gram_of([0.2**2, 0.5**2, 1.0])  # s_min 0.2, the next 0.5: the rank gap 4 rcond between them at rcond 0.1
+    assert spectral._polar_ok(gap, 0.01) and not spectral._polar_ok(gap, 0.1)
+    assert spectral._values_ok(gram_of([1.0 / 55, 1.0 / 10, 1.0]))
+    assert not spectral._values_ok(gram_of([1.0 / 58, 1.0 / 10, 1.0]))
 
 
 def test_the_gram_path_starts_at_a_short_side_of_512():
-    """GRAM_MIN_SIDE as documented: a matrix is large from a short side of 512 (and only a matrix)."""
+    """GRAM_MIN_SIDE as documented: a matrix is large from a short side of 512."""
     assert spectral._large(np.zeros((512, 600))) and spectral._large(np.zeros((700, 512)))
     assert not spectral._large(np.zeros((511, 600))) and not spectral._large(np.zeros((600, 511)))
 
