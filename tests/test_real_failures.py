@@ -11,6 +11,7 @@ import torch
 import real_failures
 from harness.apps.selftest_catalog import CATALOG, spec
 from harness.judging import diagnosis
+from harness.targets import load_target
 
 MEASURED = {"dion": (36, 36), "deepspeed": (15, 15), "torch": (26, 26), "catalog": (61, 61), "layouts": (28, 29)}
 """Per source (right, judged) as measured (`python tests/real_failures.py`): entries whose diagnosis names one of
@@ -51,6 +52,15 @@ def test_catalog_entries_carry_the_catalog_labels_and_reasons():
             d = by_spec[s.entry.target]
             assert s.entry.labels == (d.expected,), s.entry.case_id
             assert s.entry.reason == (d.ambiguous(s.entry.case) or ""), s.entry.case_id
+
+
+def test_every_entry_is_stored_under_the_conventions_its_target_declares_today():
+    """An entry is diagnosed under its stored conventions: where its target (ours with a catalog defect, or a peer's
+    adapter, loadable without the peer) declares others today, e.g. a changed default of the orthogonalizer an SVD
+    case takes, the stored diagnosis is of conventions nobody declares any more."""
+    stale = [(e.target, e.case_id) for e in (s.entry for s in scored())
+             if load_target(e.target).conventions(e.case) != e.conventions]
+    assert not stale
 
 
 def test_accuracy_stays_at_what_was_measured():
