@@ -30,13 +30,17 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES = (
     "optimizers/norms.py", "optimizers/algorithms/adamw.py", "optimizers/algorithms/normuon.py",
     "optimizers/algorithms/muon.py", "optimizers/algorithms/base.py", "optimizers/algorithms/dion2.py",
-    "optimizers/coefficients.py", "optimizers/matrix_view.py", "optimizers/orthogonalize.py",
-    "optimizers/gram_newton_schulz.py", "optimizers/symmetric.py", "optimizers/plan.py", "optimizers/distributed.py",
+    "optimizers/algorithms/stages.py", "optimizers/coefficients.py", "optimizers/matrix_view.py",
+    "optimizers/orthogonalize.py", "optimizers/gram_newton_schulz.py", "optimizers/symmetric.py",
+    "optimizers/plan.py", "optimizers/distributed.py",
     "oracles/coefficients.py", "oracles/conventions.py", "oracles/rounding.py", "oracles/normuon_reference.py",
-    "oracles/muon_reference.py", "oracles/tensor_parallel.py", "oracles/dion2_reference.py", "oracles/spectral.py",
+    "oracles/muon_reference.py", "oracles/tensor_parallel.py", "oracles/dion2_reference.py",
+    "oracles/adamw_reference.py", "oracles/spectral.py",
 )
 """The modules judged by default, in order (each by its own judges; the oracles' judges include the
-negative controls' tests, so a mutated oracle that lets a control pass is killed)."""
+negative controls' tests, so a mutated oracle that lets a control pass is killed): every module of
+optimizers/algorithms/ and oracles/ (a test holds that), the orthogonalizers, the matrix views, the plan and
+the distributed layouts."""
 
 NOT_MAPPED = ("tests/test_conformance.py",)
 """Test files the coverage map leaves out by default: the CI tier run through pytest, whose cases the
