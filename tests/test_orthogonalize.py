@@ -102,3 +102,15 @@ def test_the_svd_keeps_the_singular_values_above_the_long_side_times_eps_times_t
     x = (u * s.unsqueeze(-2)) @ v.mT
     kept = orthogonalize(x, "svd", 5, 1e-7, torch.float64).square().sum((-2, -1))  # the rank of U V^T
     torch.testing.assert_close(kept, torch.tensor([2.0, 3.0], dtype=torch.float64).repeat(100))
+
+
+@pytest.mark.parametrize("name", ["newton_schulz", "polar_express", "gram_newton_schulz", "svd"])
+def test_the_result_is_in_out_dtype_by_default_the_stacks(name):
+    """orth(x) comes back in x's dtype (a bf16 stack computed in fp32 is rounded back), or in `out_dtype` where
+    one is named (the direct apply's bf16: the same values as the default's, uncast)."""
+    x = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(0))
+    plain = orthogonalize(x, name, 5, 1e-7, torch.bfloat16)
+    direct = orthogonalize(x, name, 5, 1e-7, torch.bfloat16, out_dtype=torch.bfloat16)
+    assert plain.dtype == torch.float32 and direct.dtype == torch.bfloat16
+    assert torch.equal(direct, plain.to(torch.bfloat16))
+    assert orthogonalize(x.bfloat16(), name, 5, 1e-7, torch.float32).dtype == torch.bfloat16

@@ -166,11 +166,101 @@ def test_the_stock_stages_are_records_that_declare_their_forms():
 def test_the_paths_follow_the_declarations(algorithm, expected):
     """Paths of a group from its stages' declarations (and cuda_graphs): the stock Muon takes every one; the
     same functions given plain declare nothing and take none (negative control)."""
+    assert paths_of(algorithm) == expected
+
+
+def paths_of(algorithm) -> dict:
+    """The paths plan.paths gives a 4 x 6 group of `algorithm` with cuda_graphs on."""
     group = Muon([torch.nn.Parameter(torch.zeros(4, 6))], cuda_graphs=True).param_groups[0]
     route = plan.paths(algorithm, group)
-    got = dict(batched=route.direction is not None, block=route.block, reads_only=route.reads_only,
-               apply=route.apply is not None, direct=route.direct, graphs=route.graphs, rehearsed=route.rehearsed)
-    assert got == expected
+    return dict(batched=route.direction is not None, block=route.block, reads_only=route.reads_only,
+                apply=route.apply is not None, direct=route.direct, graphs=route.graphs, rehearsed=route.rehearsed)
+
+
+@pytest.mark.parametrize("stage, bare, lost", [
+    ("direction", Direction(momentum_direction), {"batched", "block"}),
+    ("orthogonalize", Orthogonalize(orthogonalize_group), {"reads_only", "direct", "graphs"}),
+    ("apply", Apply(decoupled_apply), {"direct"}),
+])
+def test_a_record_of_run_alone_declares_nothing(stage, bare, lost):
+    """Every declaration's default is "not declared": a record given only its `run`, in the stock record's place,
+    loses exactly the paths that stage's declarations allowed (an orthogonalize not reading-only, an apply that
+    does not widen a half-precision update)."""
+    stock, got = paths_of(MUON), paths_of(dataclasses.replace(MUON, **{stage: bare}))
+    assert {path for path in stock if got[path] != stock[path]} == lost
+
+
+@pytest.mark.parametrize("record, field", [(MUON.direction, "buffer"), (MUON.orthogonalize, "reads_only"),
+                                           (DECOUPLED, "widens")])
+def test_the_stage_records_are_frozen(record, field):
+    """A stock record is shared (NorMuon's direction is Muon's, Dion2's orthogonalize too): a write to one would
+    change every algorithm that holds it."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(record, field, getattr(record, field))
+
+
+def double(t, group):
+    return t * 2
+
+
+def test_a_step_before_or_after_a_direction_keeps_its_batched_form():
+    """before(step): U of step(G), the batched form and the buffer kept; after(step): step(U), the batched form
+    kept without sums of squares, and U is no longer the buffer; a direction without a batched form gets none."""
+    def run(g, state, group):
+        return g + 1
+
+    def batched(gs, states, group):
+        return [g + 1 for g in gs], torch.ones(len(gs), 1, dtype=torch.float64)
+
+    stock = Direction(run, batched, buffer="momentum_buffer")
+    gs = [torch.full((2, 3), 1.0), torch.zeros(2, 3)]
+    before, after = stock.before(double), stock.after(double)
+    assert before.buffer == "momentum_buffer" and after.buffer is None
+    us, parts = before.batched(gs, [{}, {}], {})
+    assert [u[0, 0].item() for u in us] == [before(g, {}, {})[0, 0].item() for g in gs] == [3.0, 1.0]
+    assert parts is not None
+    us, parts = after.batched(gs, [{}, {}], {})
+    assert [u[0, 0].item() for u in us] == [after(g, {}, {})[0, 0].item() for g in gs] == [4.0, 2.0]
+    assert parts is None
+    bare = Direction(run)
+    assert bare.before(double).batched is None and bare.after(double).batched is None
+
+
+def test_a_step_after_an_apply_follows_each_form_that_applied_and_none_that_declined():
+    """after(step): step(x) after the apply, its foreach form and its fused form where that applied (True); a fused
+    form that declined (False: nothing done) is not followed by the step, and says so; `fuses` and `widens` kept;
+    an apply without those forms gets none (fp64: the projection's 1.2 exactly)."""
+    F64 = torch.float64
+    def run(x, u, state, group, scale):
+        x.sub_(u, alpha=scale)
+
+    def foreach(xs, us, group, scale):
+        for x, u in zip(xs, us):
+            x.sub_(u, alpha=scale)
+
+    def fused(xs, matrices, group, scale):
+        if group["fuse"]:
+            foreach(xs, list(matrices), group, scale)
+        return group["fuse"]
+
+    def fuses(xs, group):
+        return True
+
+    stock = Apply(run, foreach, fuses, fused, widens=True)
+    wrapped = stock.after(project)
+    assert wrapped.fuses is fuses and wrapped.widens
+    x = torch.full((2, 3), 2.0, dtype=F64)
+    wrapped(x, torch.full((2, 3), 0.5, dtype=F64), {}, {}, 1.0)
+    assert x[0, 0].item() == 1.2
+    xs = [torch.full((2, 3), 2.0, dtype=F64), torch.full((2, 3), -2.0, dtype=F64)]
+    wrapped.foreach(xs, [torch.zeros(2, 3, dtype=F64), torch.zeros(2, 3, dtype=F64)], {}, 1.0)
+    assert [x[0, 0].item() for x in xs] == [1.2, -1.2]
+    for fuse, want in ((True, [1.2, 1.2]), (False, [2.0, 3.0])):
+        xs = [torch.full((2, 3), 2.0, dtype=F64), torch.full((2, 3), 3.0, dtype=F64)]
+        assert wrapped.fused(xs, torch.zeros(2, 2, 3, dtype=F64), {"fuse": fuse}, 1.0) is fuse
+        assert [x[0, 0].item() for x in xs] == want
+    bare = Apply(run).after(project)
+    assert bare.foreach is None and bare.fused is None
 
 
 LOST = {"direction before": {"batched", "block"}, "orthogonalize before": {"block", "direct", "graph"},
