@@ -231,6 +231,7 @@ def test_a_step_after_an_apply_follows_each_form_that_applied_and_none_that_decl
     form that declined (False: nothing done) is not followed by the step, and says so; `fuses` and `widens` kept;
     an apply without those forms gets none (fp64: the projection's 1.2 exactly)."""
     F64 = torch.float64
+
     def run(x, u, state, group, scale):
         x.sub_(u, alpha=scale)
 
