@@ -33,6 +33,10 @@ def project(x, group):
     x.clamp_(-1.2, 1.2)
 
 
+def double(t, group):
+    return t * 2
+
+
 WRAPPED = {
     "direction before": (dataclasses.replace(MUON, direction=MUON.direction.before(clip)),
                          dataclasses.replace(MUON, direction=lambda g, s, group: momentum_direction(clip(g, group), s,
@@ -197,10 +201,6 @@ def test_the_stage_records_are_frozen(record, field):
     change every algorithm that holds it."""
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(record, field, getattr(record, field))
-
-
-def double(t, group):
-    return t * 2
 
 
 def test_a_step_before_or_after_a_direction_keeps_its_batched_form():
